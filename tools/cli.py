@@ -1,0 +1,58 @@
+"""The ``tools`` command line: one click group, one subcommand per stage.
+
+Each subcommand lives next to the code it drives and is registered here; the errors of the
+project reach the person at this one edge.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from tools.errors import ToolkitError, UserInputError
+
+# name -> "module:attribute" of a click.Command; imported only when used, so that
+# `tools serve` does not pay for importing torch.
+_COMMANDS = {
+    "build-repo": "tools.build.command:build_repo",
+    "serve": "tools.serve.command:serve",
+    "infer": "tools.infer:infer",
+    "loadtest": "tools.loadtest.command:loadtest",
+    "bench": "tools.bench.command:bench",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserInputError as exc:
+            raise click.UsageError(str(exc), ctx) from exc
+        except ToolkitError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_LazyGroup)
+@click.version_option(package_name="triton-forge")
+def cli() -> None:
+    """PyTorch models to a Triton Inference Server repository, checked and proven under load."""
+
+
+def main() -> None:
+    cli(prog_name="tools")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
