@@ -23,6 +23,15 @@ _COMMANDS = {
     "bench": "tools.bench.command:bench",
 }
 
+# Shown by `tools --help` without importing each stage.
+_SHORT_HELP = {
+    "build-repo": "Export, check and write the Triton model repository from the spec.",
+    "serve": "Run a real tritonserver on the model repository (embedded by default).",
+    "infer": "Send one request to a model or pipeline and print the result.",
+    "loadtest": "Run a Locust scenario headless and gate it on exact P99 targets.",
+    "bench": "Compare served throughput and latency with the in-process limit.",
+}
+
 
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -34,6 +43,11 @@ class _LazyGroup(click.Group):
             return None
         module_name, attr = target.split(":")
         return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, _SHORT_HELP[name]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
         try:
