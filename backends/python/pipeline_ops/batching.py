@@ -57,8 +57,8 @@ def pad_to_longest(arrays: Sequence[np.ndarray], pad_value: Any) -> np.ndarray:
 def run_batched(
     requests: Sequence[Mapping[str, Any]],
     prepare: Callable[[Mapping[str, Any]], Prepared],
-    compute: Callable[[list[Prepared]], Mapping[str, np.ndarray]],
-) -> list[dict[str, np.ndarray] | InvalidInput]:
+    compute: Callable[[list[Prepared]], Mapping[str, Any]],
+) -> list[dict[str, Any] | InvalidInput]:
     """Validate each request, compute once over all valid ones, split the outputs per request.
 
     Args:
@@ -66,7 +66,8 @@ def run_batched(
         prepare: validates and converts one request's inputs; raises ``InvalidInput`` to reject
             that request alone. Returns values with the request's rows along axis 0.
         compute: runs once over the prepared valid requests (in order) and returns outputs whose
-            first axis holds the rows of all of them, in the same order.
+            first axis holds the rows of all of them, in the same order (arrays, or lists of
+            per-row values when rows differ in length).
 
     Returns:
         Per request, in order: its outputs by name, or the ``InvalidInput`` that rejected it.
@@ -74,7 +75,7 @@ def run_batched(
     Raises:
         RuntimeError: ``compute`` returned a number of rows that does not match the requests.
     """
-    results: list[dict[str, np.ndarray] | InvalidInput | None] = [None] * len(requests)
+    results: list[dict[str, Any] | InvalidInput | None] = [None] * len(requests)
     prepared: list[Prepared] = []
     positions: list[int] = []
     sizes: list[int] = []

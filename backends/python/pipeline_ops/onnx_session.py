@@ -1,0 +1,346 @@
+"""ONNX Runtime execution for the generic ``onnx_runner`` Python model (CPU target): one session,
+requests validated one by one, ragged inputs padded, rows run in length-homogeneous chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .batching import InvalidInput, run_batched
+
+# Triton data types (model config spelling) -> NumPy dtypes.
+TRITON_DTYPES: dict[str, Any] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+}
+
+# A separate ONNX Runtime run costs about as much as this many extra (row x token) positions of
+# MiniLM on the 2-core CPU machine: batch 1 at ~31 tokens took 9.2 ms, batch 32 x 32 tokens took
+# 127 ms (0.124 ms per position), so one run's fixed cost is ~5 ms ~ 40 positions. Used to decide
+# how to split rows of different lengths into chunks (see docs/padding.md).
+DEFAULT_RUN_OVERHEAD = 40
+
+
+class ConfigurationError(ValueError):
+    """The model configuration or the ONNX file does not fit the runner; names the field."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of the model config (dims exclude the batch axis)."""
+
+    name: str
+    dtype: Any
+    dims: tuple[int, ...]
+
+    @property
+    def ragged_axes(self) -> tuple[int, ...]:
+        """Axes (counting the batch axis as 0) whose size varies (``-1`` in the config)."""
+        return tuple(i + 1 for i, d in enumerate(self.dims) if d < 0)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What ``onnx_runner`` reads from its Triton model config."""
+
+    model_name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    onnx_file: str = "model.onnx"
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    pad_values: Mapping[str, Any] = field(default_factory=dict)
+    run_overhead: int = DEFAULT_RUN_OVERHEAD
+
+    @classmethod
+    def from_model_config(cls, config: Mapping[str, Any] | str) -> RunnerConfig:
+        """Parse Triton's model config (``args['model_config']``, JSON text or dict).
+
+        Parameters read (string values): ``onnx_file`` (default ``model.onnx``),
+        ``intra_op_threads`` (1), ``inter_op_threads`` (1), ``pad_values`` (JSON object input
+        name -> value; required for every input with a ``-1`` dim), ``run_overhead`` (rows of
+        different lengths are split into chunks when a chunk saves more padded positions than
+        this; ``0`` runs every execute call as one padded batch).
+
+        Raises:
+            ConfigurationError: a parameter is malformed or a ragged input has no pad value.
+        """
+        if isinstance(config, str):
+            config = json.loads(config)
+        name = config.get("name", "<unnamed>")
+        params = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
+
+        def spec(entry: Mapping[str, Any], kind: str) -> TensorSpec:
+            data_type = entry.get("data_type", "")
+            if data_type not in TRITON_DTYPES:
+                raise ConfigurationError(
+                    f"model '{name}': {kind} '{entry.get('name')}' has data_type {data_type!r}, "
+                    f"which onnx_runner does not serve"
+                )
+            dims = tuple(int(d) for d in entry.get("dims", []))
+            return TensorSpec(entry["name"], np.dtype(TRITON_DTYPES[data_type]), dims)
+
+        inputs = tuple(spec(e, "input") for e in config.get("input", []))
+        outputs = tuple(spec(e, "output") for e in config.get("output", []))
+        if not inputs or not outputs:
+            raise ConfigurationError(f"model '{name}': the config declares no inputs or no outputs")
+
+        def integer(key: str, default: int) -> int:
+            raw = params.get(key, "")
+            if raw == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigurationError(
+                    f"model '{name}': parameter '{key}' must be an integer, got {raw!r}"
+                ) from None
+            if value < 0:
+                raise ConfigurationError(f"model '{name}': parameter '{key}' must be >= 0, got {value}")
+            return value
+
+        try:
+            pad_values = json.loads(params.get("pad_values") or "{}")
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(
+                f"model '{name}': parameter 'pad_values' is not valid JSON ({exc})"
+            ) from None
+        if not isinstance(pad_values, dict):
+            raise ConfigurationError(f"model '{name}': parameter 'pad_values' must be a JSON object")
+        known = {s.name for s in inputs}
+        unknown = sorted(set(pad_values) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"model '{name}': parameter 'pad_values' names unknown inputs {unknown}"
+            )
+        missing = [s.name for s in inputs if s.ragged_axes and s.name not in pad_values]
+        if missing:
+            raise ConfigurationError(
+                f"model '{name}': inputs {missing} have variable dims but no entry in "
+                f"parameter 'pad_values'"
+            )
+        return cls(
+            model_name=name,
+            inputs=inputs,
+            outputs=outputs,
+            onnx_file=params.get("onnx_file") or "model.onnx",
+            intra_op_threads=integer("intra_op_threads", 1),
+            inter_op_threads=integer("inter_op_threads", 1),
+            pad_values=pad_values,
+            run_overhead=integer("run_overhead", DEFAULT_RUN_OVERHEAD),
+        )
+
+
+def make_session(path: str | Path, intra_op_threads: int, inter_op_threads: int = 1) -> Any:
+    """Build one CPU ONNX Runtime session for a shared, small machine.
+
+    Sequential execution, the given thread counts, and thread spinning off for both thread pools:
+    idle ORT threads otherwise busy-wait and steal the cores from the tokenizer, the server and
+    the load generator.
+
+    Args:
+        path: the ``.onnx`` file.
+        intra_op_threads: threads inside one operator (0 lets ONNX Runtime choose).
+        inter_op_threads: threads across operators (unused in sequential mode, kept at 1).
+
+    Returns:
+        An ``onnxruntime.InferenceSession``.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def pad_stack(arrays: Sequence[np.ndarray], pad_value: Any) -> np.ndarray:
+    """Concatenate arrays along axis 0, right-padding every other axis to its largest size."""
+    shape = [sum(a.shape[0] for a in arrays)] + [
+        max(a.shape[axis] for a in arrays) for axis in range(1, arrays[0].ndim)
+    ]
+    out = np.full(shape, pad_value, dtype=arrays[0].dtype)
+    row = 0
+    for a in arrays:
+        out[(slice(row, row + a.shape[0]),) + tuple(slice(0, n) for n in a.shape[1:])] = a
+        row += a.shape[0]
+    return out
+
+
+def plan_chunks(lengths: Sequence[int], run_overhead: int) -> list[list[int]]:
+    """Group rows into chunks that minimise padded positions plus a fixed cost per run.
+
+    Rows are sorted by length; a chunk is a run of consecutive sorted rows padded to its longest.
+    The cost of a chunk is ``run_overhead + rows * longest``; dynamic programming finds the
+    cheapest split. ``run_overhead`` 0 or uniform lengths give one chunk with all rows.
+
+    Args:
+        lengths: the unpadded length of each row.
+        run_overhead: fixed cost of one extra run, in padded positions.
+
+    Returns:
+        Row indices per chunk; every row appears exactly once.
+    """
+    n = len(lengths)
+    if n == 0:
+        return []
+    if run_overhead <= 0 or min(lengths) == max(lengths):
+        return [list(range(n))]
+    order = sorted(range(n), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
+    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = ordered[j - 1]
+        for i in range(j):
+            cost = best[i] + run_overhead + (j - i) * longest
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks = []
+    j = n
+    while j > 0:
+        chunks.append(order[cut[j] : j])
+        j = cut[j]
+    return chunks[::-1]
+
+
+class OnnxRunner:
+    """Validates requests against the config and runs them through one session."""
+
+    def __init__(self, config: RunnerConfig, session: Any):
+        """Check that the session's inputs and outputs match the config.
+
+        Raises:
+            ConfigurationError: a config input or output is missing from the ONNX graph.
+        """
+        self.config = config
+        self.session = session
+        graph_inputs = {i.name for i in session.get_inputs()}
+        graph_outputs = {o.name for o in session.get_outputs()}
+        for kind, specs, names in (
+            ("input", config.inputs, graph_inputs),
+            ("output", config.outputs, graph_outputs),
+        ):
+            absent = [s.name for s in specs if s.name not in names]
+            if absent:
+                raise ConfigurationError(
+                    f"model '{config.model_name}': config {kind}s {absent} are not in "
+                    f"{config.onnx_file} (it has {sorted(names)})"
+                )
+        self.output_names = [s.name for s in config.outputs]
+        ragged = [s for s in config.inputs if s.ragged_axes]
+        # Chunking by length applies when every ragged input is [rows, length] sharing one length
+        # and every output has a fixed shape (chunks of different widths must fit one array).
+        self._chunkable = (
+            bool(ragged)
+            and all(s.ragged_axes == (1,) and len(s.dims) == 1 for s in ragged)
+            and not any(s.ragged_axes for s in config.outputs)
+        )
+        self._ragged = ragged
+
+    def prepare(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Validate one request: every input present, dtype and rank as configured.
+
+        Raises:
+            InvalidInput: names the input and the problem.
+        """
+        prepared = {}
+        for spec in self.config.inputs:
+            value = inputs.get(spec.name)
+            if value is None:
+                raise InvalidInput(f"input '{spec.name}' is missing")
+            if not isinstance(value, np.ndarray):
+                raise InvalidInput(f"input '{spec.name}' must be a tensor, got {type(value).__name__}")
+            if value.dtype != spec.dtype:
+                raise InvalidInput(
+                    f"input '{spec.name}' must have dtype {spec.dtype}, got {value.dtype}"
+                )
+            expected = ["batch"] + list(spec.dims)
+            if value.ndim != len(expected):
+                raise InvalidInput(
+                    f"input '{spec.name}' must have rank {len(expected)} (shape {expected}), "
+                    f"got shape {list(value.shape)}"
+                )
+            for axis, dim in enumerate(spec.dims, start=1):
+                if dim >= 0 and value.shape[axis] != dim:
+                    raise InvalidInput(
+                        f"input '{spec.name}' must have shape {expected}, got {list(value.shape)}"
+                    )
+            if value.shape[0] == 0:
+                raise InvalidInput(f"input '{spec.name}' holds an empty batch (0 rows)")
+            prepared[spec.name] = value
+        if self._chunkable:
+            lengths = {prepared[s.name].shape[1] for s in self._ragged}
+            if len(lengths) != 1:
+                detail = ", ".join(f"{s.name}={list(prepared[s.name].shape)}" for s in self._ragged)
+                raise InvalidInput(f"inputs disagree on the sequence length ({detail})")
+        return prepared
+
+    def _row_lengths(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Unpadded length per row: up to the last position where a ragged input is not padding."""
+        width = batch[self._ragged[0].name].shape[1]
+        content = np.zeros((len(batch[self._ragged[0].name]), width), dtype=bool)
+        for spec in self._ragged:
+            content |= batch[spec.name] != self.config.pad_values[spec.name]
+        last = width - np.argmax(content[:, ::-1], axis=1)
+        return np.where(content.any(axis=1), last, 1)
+
+    def _run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = self.session.run(self.output_names, dict(feed))
+        return [
+            np.ascontiguousarray(out, dtype=spec.dtype)
+            for out, spec in zip(outputs, self.config.outputs)
+        ]
+
+    def compute(self, prepared: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Pad ragged inputs, run (in length-homogeneous chunks when they pay), restore row order."""
+        batch = {}
+        for spec in self.config.inputs:
+            parts = [item[spec.name] for item in prepared]
+            if spec.ragged_axes:
+                batch[spec.name] = pad_stack(parts, self.config.pad_values[spec.name])
+            else:
+                batch[spec.name] = np.concatenate(parts, axis=0)
+        if not self._chunkable:
+            return dict(zip(self.output_names, self._run(batch)))
+
+        lengths = self._row_lengths(batch)
+        chunks = plan_chunks(lengths.tolist(), self.config.run_overhead)
+        rows = len(lengths)
+        results: list[np.ndarray | None] = [None] * len(self.output_names)
+        for chunk in chunks:
+            index = np.asarray(chunk)
+            width = int(lengths[index].max())
+            feed = {
+                name: (value[index, :width] if name in {s.name for s in self._ragged} else value[index])
+                for name, value in batch.items()
+            }
+            for k, out in enumerate(self._run(feed)):
+                if results[k] is None:
+                    results[k] = np.empty((rows,) + out.shape[1:], dtype=out.dtype)
+                results[k][index] = out
+        return dict(zip(self.output_names, results))
+
+    def run(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidInput]:
+        """Answer one ``execute`` call: per request its outputs, or its own ``InvalidInput``."""
+        return run_batched(requests, self.prepare, self.compute)

@@ -1,0 +1,179 @@
+"""Text preprocessing for the ``text_tokenizer`` model: validate UTF-8 ``TEXT`` requests and
+tokenize every valid request of one ``execute`` call with a single ``encode_batch`` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from .batching import InvalidInput, run_batched
+
+TEXT_INPUT = "TEXT"
+OUTPUTS = ("input_ids", "attention_mask")
+
+
+def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
+    """Load a fast tokenizer from ``tokenizer.json`` with explicit truncation and no padding.
+
+    Texts longer than ``max_length`` tokens (special tokens ``[CLS]``/``[SEP]`` included) are
+    truncated to their first ``max_length`` tokens; the request still succeeds. This mirrors
+    sentence-transformers, which truncates at the model's ``max_seq_length``. Padding settings
+    stored in the file (all-MiniLM-L6-v2's pads every text to 128) are switched off: padding is
+    decided per request by :func:`pad_rows`.
+
+    Args:
+        path: the ``tokenizer.json`` file.
+        max_length: maximum number of tokens per text, special tokens included (> 2).
+
+    Returns:
+        The configured ``tokenizers.Tokenizer``.
+
+    Raises:
+        ValueError: ``max_length`` is too small to hold the special tokens and one token.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    if max_length < 3:
+        raise ValueError(f"max_length must be at least 3 tokens, got {max_length}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def decode_texts(array: Any, name: str = TEXT_INPUT) -> list[str]:
+    """Validate one request's ``TEXT`` tensor and decode it to Python strings.
+
+    Args:
+        array: the request's tensor: a NumPy array of ``bytes`` (Triton's ``TYPE_STRING``) with
+            shape ``[rows, 1]``.
+        name: the input's name, used in error messages.
+
+    Returns:
+        One string per row.
+
+    Raises:
+        InvalidInput: wrong type, dtype or rank, an empty batch, invalid UTF-8, an empty or
+            whitespace-only text. The message names the input, the row and the problem.
+    """
+    if not isinstance(array, np.ndarray):
+        raise InvalidInput(f"input '{name}' must be a tensor of strings, got {type(array).__name__}")
+    if array.dtype != object and array.dtype.kind != "S":
+        raise InvalidInput(f"input '{name}' must have datatype BYTES (TYPE_STRING), got {array.dtype}")
+    if array.ndim != 2 or array.shape[1] != 1:
+        raise InvalidInput(
+            f"input '{name}' must have shape [batch, 1], got {list(array.shape)}"
+        )
+    if array.shape[0] == 0:
+        raise InvalidInput(f"input '{name}' holds an empty batch (shape [0, 1]); send at least one text")
+    texts = []
+    for row, value in enumerate(array[:, 0]):
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, (bytes, np.bytes_)):
+            try:
+                text = bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInput(
+                    f"input '{name}' row {row} is not valid UTF-8 "
+                    f"(byte 0x{bytes(value)[exc.start]:02x} at offset {exc.start})"
+                ) from None
+        else:
+            raise InvalidInput(
+                f"input '{name}' row {row} must be bytes, got {type(value).__name__}"
+            )
+        if not text:
+            raise InvalidInput(f"input '{name}' row {row} is an empty string")
+        if not text.strip():
+            raise InvalidInput(f"input '{name}' row {row} holds only whitespace")
+        texts.append(text)
+    return texts
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket that holds ``length``, or ``length`` itself when none does."""
+    for bucket in sorted(buckets):
+        if bucket >= length:
+            return bucket
+    return length
+
+
+def pad_rows(
+    rows: Sequence[Sequence[int]], pad_value: int = 0, buckets: Sequence[int] = ()
+) -> np.ndarray:
+    """Stack token rows into one INT64 ``[rows, length]`` array, right-padded with ``pad_value``.
+
+    Args:
+        rows: token ids (or mask values) per row.
+        pad_value: the fill value.
+        buckets: when given, ``length`` is rounded up to the smallest bucket holding the longest
+            row (fixed-shape padding); otherwise ``length`` is the longest row.
+
+    Returns:
+        The padded array.
+    """
+    longest = max(len(r) for r in rows)
+    length = bucket_length(longest, buckets) if buckets else longest
+    out = np.full((len(rows), length), pad_value, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def tokenize_requests(
+    tokenizer: Tokenizer,
+    requests: Sequence[Mapping[str, Any]],
+    pad_id: int = 0,
+    buckets: Sequence[int] = (),
+) -> list[dict[str, np.ndarray] | InvalidInput]:
+    """Tokenize the ``TEXT`` input of every request of one ``execute`` call.
+
+    All valid requests are encoded together with one ``encode_batch`` call. Each request's rows
+    are padded to the longest row of that request (or to a bucket, see :func:`pad_rows`), so
+    requests keep their own sequence length and the encoder (ragged batching) pads once per
+    execution. Texts longer than the tokenizer's truncation length are truncated.
+
+    Args:
+        tokenizer: from :func:`load_tokenizer`.
+        requests: per request, its input tensors by name; ``TEXT`` is read.
+        pad_id: the id written into padded ``input_ids`` positions (their mask is 0).
+        buckets: optional fixed lengths to pad to instead of each request's longest row.
+
+    Returns:
+        Per request, in order: ``{"input_ids", "attention_mask"}`` INT64 ``[rows, length]``, or
+        the ``InvalidInput`` that rejected it.
+    """
+
+    def prepare(inputs: Mapping[str, Any]) -> dict[str, list[str]]:
+        if TEXT_INPUT not in inputs or inputs[TEXT_INPUT] is None:
+            raise InvalidInput(f"input '{TEXT_INPUT}' is missing")
+        return {"texts": decode_texts(inputs[TEXT_INPUT])}
+
+    def compute(prepared: list[Mapping[str, Any]]) -> dict[str, list[list[int]]]:
+        texts = [text for item in prepared for text in item["texts"]]
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=True)
+        return {
+            "input_ids": [e.ids for e in encodings],
+            "attention_mask": [e.attention_mask for e in encodings],
+        }
+
+    results = run_batched(requests, prepare, compute)
+    out: list[dict[str, np.ndarray] | InvalidInput] = []
+    for result in results:
+        if isinstance(result, InvalidInput):
+            out.append(result)
+            continue
+        out.append(
+            {
+                "input_ids": pad_rows(result["input_ids"], pad_id, buckets),
+                "attention_mask": pad_rows(result["attention_mask"], 0, buckets),
+            }
+        )
+    return out

@@ -1,0 +1,42 @@
+# Images for docker-compose.yml. Both stages start FROM the one pinned NGC tritonserver tag that
+# docker-compose.yml passes in (x-triton-image), so a TensorRT plan built by `builder` is built
+# with exactly the TensorRT library that `triton` loads it with.
+#
+#   serve   : tritonserver + the few packages the Python-backend models import
+#   builder : serve + this project (CPU torch) + the tensorrt Python module matching the image
+ARG TRITON_IMAGE
+FROM ${TRITON_IMAGE} AS serve
+
+# The NGC images are Ubuntu 24.04 with Python 3.12, whose pip refuses system installs (PEP 668);
+# this container is the Python backend's environment, so installing into it is the point.
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
+RUN python3 -m pip install -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
+# The TensorRT guard (standard library only) and the healthcheck, run by the triton service.
+COPY tools/__init__.py tools/errors.py /opt/triton-forge/tools/
+COPY tools/serve/__init__.py tools/serve/trt_guard.py /opt/triton-forge/tools/serve/
+COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
+     docker/healthcheck_probes.json \
+     /opt/triton-forge/docker/
+
+FROM serve AS builder
+WORKDIR /opt/triton-forge
+COPY pyproject.toml README.md* repository.yaml* ./
+COPY tools ./tools
+COPY backends ./backends
+COPY loadtests ./loadtests
+# CPU torch: the builder exports ONNX on the CPU; TensorRT does the GPU work. An unpinned torch
+# from the default index would pull a multi-GB CUDA build.
+RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.4" \
+ && python3 -m pip install ".[load]"
+# The tensorrt Python module must be the TensorRT of this image: take the version from the
+# image's own libnvinfer (the probe the serving guard uses) and the CUDA major from the NGC
+# image's CUDA_VERSION.
+RUN TRT="$(python3 -c 'from tools.serve.trt_guard import detect_runtime; print(detect_runtime().tensorrt_version or "")')" \
+ && test -n "$TRT" \
+ && echo "installing tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.* to match this image" \
+ && python3 -m pip install "tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.*"
+ENTRYPOINT []
+CMD ["tools", "--help"]

@@ -1,0 +1,129 @@
+"""Shared fixtures: real tritonservers on free loopback ports, the built repository, GPU skips.
+
+A failing test that used a server gets the tail of that server's log in its report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tools.serve.server import EmbeddedServer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOY_REPOSITORY = Path(__file__).parent / "fixtures" / "toy_repository"
+_LOG_TAIL_LINES = 150
+
+
+class ServerFactory:
+    """Starts ``EmbeddedServer``s on free ports for one test and stops them all afterwards."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self.servers: list[EmbeddedServer] = []
+
+    def __call__(self, repository: Path, *, timeout_s: float = 120, **kwargs) -> EmbeddedServer:
+        """Start a server on ``repository`` (free ports unless given) and return it ready.
+
+        Keyword arguments go to ``EmbeddedServer``; a start that fails still leaves its log for
+        the report.
+        """
+        kwargs.setdefault("log_path", self._log_dir / f"tritonserver-{len(self.servers)}.log")
+        kwargs.setdefault("exit_timeout_s", 10)
+        server = EmbeddedServer(Path(repository), **kwargs)
+        self.servers.append(server)
+        return server.start(timeout_s=timeout_s)
+
+    def stop_all(self) -> None:
+        """Stop every server this factory started."""
+        for server in self.servers:
+            server.stop()
+
+
+def _servers_of(item: pytest.Item) -> list[EmbeddedServer]:
+    servers = []
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, EmbeddedServer):
+            servers.append(value)
+        elif isinstance(value, ServerFactory):
+            servers.extend(value.servers)
+    return servers
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Record each phase's outcome on the item and attach server logs to a failure report."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+    if report.failed and report.when in ("setup", "call"):
+        for server in _servers_of(item):
+            path = server._log_path
+            if path is None or not path.exists():
+                continue
+            tail = path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+            report.sections.append((f"tritonserver log {path} (last lines)", "\n".join(tail)))
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedServer]]:
+    """Call with a repository path to get a started server; all are stopped at teardown."""
+    factory = ServerFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture(scope="session")
+def toy_repository() -> Path:
+    """The hand-written Python-backend repository (toy_double, toy_text, toy_classify)."""
+    return TOY_REPOSITORY
+
+
+@pytest.fixture(scope="session")
+def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's spec (repository.yaml) built for the CPU target, once per session."""
+    from tools.build.command import build_repository  # heavy (torch): only when needed
+
+    output = tmp_path_factory.mktemp("built") / "model_repository"
+    build_repository(spec_path=REPO_ROOT / "repository.yaml", output=output, target="cpu")
+    return output
+
+
+@pytest.fixture(scope="session")
+def triton_server(
+    built_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedServer]:
+    """An embedded tritonserver on the built repository, on free ports, for the session."""
+    log_path = tmp_path_factory.mktemp("triton-log") / "tritonserver.log"
+    server = EmbeddedServer(built_repository, log_path=log_path, exit_timeout_s=10)
+    server.start(timeout_s=300)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _gpu_missing() -> list[str]:
+    missing = []
+    if shutil.which("nvidia-smi") is None:
+        missing.append("nvidia-smi not found")
+    if importlib.util.find_spec("tensorrt") is None:
+        missing.append("tensorrt not importable")
+    return missing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` on machines without an NVIDIA GPU and TensorRT."""
+    missing = _gpu_missing()
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"no NVIDIA GPU ({' / '.join(missing)})")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,142 @@
+"""config.pbtxt rendering through Triton's ModelConfig protobuf, goldens and `--check` drift.
+
+No torch needed: configs render from the spec alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from tritonclient.grpc import model_config_pb2
+
+from tools.build.command import build_repo, check_repository
+from tools.build.config import TensorConfig, TritonModelConfig, config_message, parse_config, render
+from tools.build.ensemble import render_all
+from tools.build.spec import load_spec
+from tools.errors import ConfigError
+
+GOLDEN = Path(__file__).parent / "golden"
+GOLDEN_SPEC = GOLDEN / "repository.yaml"
+
+
+def _rendered(target: str) -> dict[str, model_config_pb2.ModelConfig]:
+    spec = load_spec(GOLDEN_SPEC)
+    return {name: c.to_message() for name, c in render_all(spec, target).items()}
+
+
+def test_misspelt_config_field_fails_at_build_time_naming_the_field():
+    with pytest.raises(ConfigError, match=r"model 'toy'.*max_batch_sizes"):
+        config_message({"name": "toy", "max_batch_sizes": 8}, "toy")
+
+
+def test_misspelt_extra_field_of_a_typed_config_fails_when_rendered():
+    typed = TritonModelConfig(
+        name="toy", max_batch_size=4,
+        inputs=(TensorConfig("x", "TYPE_FP32", (3,)),),
+        outputs=(TensorConfig("y", "TYPE_FP32", (3,)),),
+        extra={"dynamic_batchng": {}},
+    )
+    with pytest.raises(ConfigError, match="dynamic_batchng"):
+        typed.to_message()
+
+
+def test_config_with_an_unknown_enum_value_fails_naming_the_value():
+    with pytest.raises(ConfigError, match="TYPE_FP33"):
+        TritonModelConfig(
+            name="toy", max_batch_size=4,
+            inputs=(TensorConfig("x", "TYPE_FP33", (3,)),), outputs=(),
+        ).to_message()
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"], ids=["cpu_target", "gpu_target"])
+def test_rendered_configs_equal_the_golden_messages_when_target_is(target):
+    rendered = _rendered(target)
+    goldens = sorted((GOLDEN / target).glob("*.pbtxt"))
+    assert {p.stem for p in goldens} == set(rendered)
+    for path in goldens:
+        assert rendered[path.stem] == parse_config(path.read_text(), path), path.name
+
+
+def test_cpu_encoder_is_served_by_the_python_onnx_runner_with_ragged_inputs():
+    encoder = _rendered("cpu")["minilm_encoder"]
+    assert encoder.backend == "python"
+    assert all(i.allow_ragged_batch for i in encoder.input)
+    params = {k: v.string_value for k, v in encoder.parameters.items()}
+    assert params["onnx_file"] == "model.onnx"
+    count = encoder.instance_group[0].count
+    assert count * int(params["intra_op_threads"]) <= 2
+    assert encoder.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+
+
+def test_gpu_encoder_is_a_tensorrt_plan_on_gpu_instances_without_ragged_inputs():
+    encoder = _rendered("gpu")["minilm_encoder"]
+    assert encoder.platform == "tensorrt_plan"
+    assert not any(i.allow_ragged_batch for i in encoder.input)
+    assert encoder.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+
+
+def test_every_batching_model_rejects_overload_with_a_bounded_queue():
+    for name, config in _rendered("cpu").items():
+        if config.platform == "ensemble":
+            continue
+        assert config.max_batch_size > 0, name
+        policy = config.dynamic_batching.default_queue_policy
+        assert policy.max_queue_size > 0, name
+        assert policy.default_timeout_microseconds > 0, name
+        assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT, name
+
+
+def test_max_batch_size_is_written_even_when_zero():
+    message = config_message({"name": "unbatched", "max_batch_size": 0}, "unbatched")
+    assert "max_batch_size: 0" in render(message)
+
+
+def test_warmup_uses_concrete_dims_for_ragged_inputs():
+    encoder = _rendered("cpu")["minilm_encoder"]
+    assert [w.batch_size for w in encoder.model_warmup] == [1, 8]
+    for warmup in encoder.model_warmup:
+        for name, data in warmup.inputs.items():
+            assert list(data.dims) == [32], name
+            assert data.input_data_file.endswith(".bin")
+
+
+def _committed(tmp_path: Path, target: str = "cpu") -> Path:
+    output = tmp_path / "model_repository"
+    for path in (GOLDEN / target).glob("*.pbtxt"):
+        (output / path.stem).mkdir(parents=True)
+        shutil.copy(path, output / path.stem / "config.pbtxt")
+    return output
+
+
+def test_check_passes_when_committed_configs_match_the_spec(tmp_path):
+    output = _committed(tmp_path)
+    result = CliRunner().invoke(build_repo, ["--spec", str(GOLDEN_SPEC), "--output", str(output), "--check"])
+    assert result.exit_code == 0, result.output
+    assert check_repository(GOLDEN_SPEC, output) == []
+
+
+def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
+    output = _committed(tmp_path)
+    path = output / "minilm_encoder" / "config.pbtxt"
+    path.write_text(path.read_text().replace("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 9"))
+    result = CliRunner().invoke(build_repo, ["--spec", str(GOLDEN_SPEC), "--output", str(output), "--check"])
+    assert result.exit_code != 0
+    assert "-  max_queue_delay_microseconds: 9" in result.output
+    assert "+  max_queue_delay_microseconds: 2000" in result.output
+
+
+def test_check_reports_a_missing_config(tmp_path):
+    output = _committed(tmp_path)
+    shutil.rmtree(output / "text_embedding")
+    drift = check_repository(GOLDEN_SPEC, output)
+    assert len(drift) == 1 and "text_embedding" in drift[0] and "missing" in drift[0]
+
+
+def test_committed_project_configs_match_the_project_spec():
+    root = GOLDEN.parents[1]
+    if not any((root / "model_repository").glob("*/config.pbtxt")):
+        pytest.skip("model_repository/ has no committed config.pbtxt yet (run tools build-repo)")
+    assert check_repository(root / "repository.yaml", root / "model_repository") == []

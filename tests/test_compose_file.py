@@ -1,0 +1,292 @@
+"""docker-compose.yml is valid Compose and keeps the project's serving invariants.
+
+No Docker engine runs here: the files are checked against the Compose Specification schema
+(tests/data/compose-spec.json), by `docker compose config` where the plugin exists, and by rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
+DOCKERFILE = ROOT / "docker" / "triton.Dockerfile"
+SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
+ADMIN_GROUPS = {"model-repository", "logging", "trace", "shared-memory"}
+MIN_RELEASE = (25, 7)  # first NGC release with the 2025 Python-backend and HTTP CVE fixes
+
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return _load(COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def triton(compose) -> dict:
+    return compose["services"]["triton"]
+
+
+def _flag(command: list[str], name: str) -> list[str]:
+    """Values of every ``--name=value`` in a command."""
+    return [arg.split("=", 1)[1] for arg in command if arg.startswith(f"{name}=")]
+
+
+def _default(value: str) -> str:
+    """The default of a ``${VAR:-default}`` Compose interpolation (the text itself otherwise)."""
+    match = re.fullmatch(r"\$\{\w+:-(.+)\}", value)
+    return match.group(1) if match else value
+
+
+def _bytes(size: str | int) -> int:
+    if isinstance(size, int):
+        return size
+    number, unit = re.fullmatch(r"(\d+)\s*([kmg]?)b?", size.lower()).groups()
+    return int(number) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+# --- validity ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [COMPOSE, GPU_OVERRIDE], ids=lambda p: p.name)
+def test_compose_file_validates_against_the_compose_specification(path):
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(_load(path)), key=str)
+
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_schema_rejects_a_misspelt_service_field(compose):
+    """The schema check can fail: a field Compose does not know is an error."""
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["triton"]["shm-size"] = "1gb"
+
+    assert not jsonschema.Draft7Validator(schema).is_valid(broken)
+
+
+def _docker_compose() -> list[str] | None:
+    for cmd in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        probe = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=60)
+        if probe.returncode == 0:
+            return cmd
+    return None
+
+
+@pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, GPU_OVERRIDE]], ids=["base", "with-gpu-override"])
+def test_docker_compose_config_accepts_the_files(files):
+    cmd = _docker_compose()
+    if cmd is None:
+        pytest.skip("no `docker compose` plugin (or docker-compose) on this machine; "
+                    "the schema test covers validity")
+    env = os.environ | {"TRITON_ADMIN_KEY": "test-key"}
+    args = [arg for f in files for arg in ("-f", str(f))]
+
+    result = subprocess.run([*cmd, *args, "--profile", "load", "config", "--quiet"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+
+
+# --- the image --------------------------------------------------------------------------------
+
+
+def test_triton_image_is_pinned_once_to_25_07_or_later(compose):
+    image = _default(compose["x-triton-image"])
+    match = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-py3", image)
+
+    assert match, f"{image} is not a pinned nvcr.io/nvidia/tritonserver:YY.MM-py3 tag"
+    assert (int(match.group(1)), int(match.group(2))) >= MIN_RELEASE
+    text = COMPOSE.read_text() + DOCKERFILE.read_text()
+    assert len(re.findall(r"tritonserver:\d", text)) == 1, "the tag is pinned in one place only"
+
+
+def test_builder_and_triton_are_built_from_the_same_pinned_image(compose):
+    services = compose["services"]
+    builder, triton = services["builder"]["build"], services["triton"]["build"]
+
+    assert builder["args"]["TRITON_IMAGE"] == triton["args"]["TRITON_IMAGE"] == compose[
+        "x-triton-image"]
+    assert builder["dockerfile"] == triton["dockerfile"] == "docker/triton.Dockerfile"
+    assert (builder["target"], triton["target"]) == ("builder", "serve")
+    dockerfile = DOCKERFILE.read_text()
+    assert re.search(r"^ARG TRITON_IMAGE$", dockerfile, re.M), "no default tag in the Dockerfile"
+    assert re.search(r"^FROM \$\{TRITON_IMAGE\} AS serve$", dockerfile, re.M)
+    assert re.search(r"^FROM serve AS builder$", dockerfile, re.M)
+
+
+def _sent(source: str, allowed: list[str]) -> bool:
+    """Whether a COPY source is let through by the ``!path`` lines of a .dockerignore."""
+    return any(source.rstrip("*") == a.rstrip("/") or source.startswith(a.rstrip("/") + "/")
+               for a in allowed)
+
+
+def test_dockerfile_copies_only_files_that_exist():
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    sources = []
+    for line in re.findall(r"^COPY (.+)$", text, re.M):
+        parts = line.split()
+        sources += [p for p in parts[:-1] if not p.startswith("--")]
+    optional = [s for s in sources if "*" in s]
+    missing = [s for s in sources if s not in optional and not (ROOT / s).exists()]
+    ignore = (DOCKERFILE.parent / f"{DOCKERFILE.name}.dockerignore").read_text().splitlines()
+    sent = [line[1:] for line in ignore if line.startswith("!")]
+    unsent = [s for s in sources if not _sent(s, sent)]
+
+    assert sources and not missing
+    assert not unsent, f"excluded from the build context by the .dockerignore: {unsent}"
+
+
+# --- triton -----------------------------------------------------------------------------------
+
+
+def test_model_repository_is_mounted_read_only_into_triton(triton):
+    mounts = [v for v in triton["volumes"] if v["target"] == "/models"]
+
+    assert mounts == [{"type": "bind", "source": "./model_repository", "target": "/models",
+                       "read_only": True}]
+    assert "--model-repository=/models" in triton["command"]
+
+
+def test_triton_shared_memory_is_sized_for_the_python_backend(triton):
+    shm = _bytes(triton["shm_size"])
+    growth = [int(v.split("=")[1]) for v in _flag(triton["command"], "--backend-config")
+              if v.startswith("python,shm-")]
+
+    assert shm >= 256 << 20, "Docker's 64 MiB /dev/shm starves Python-backend models"
+    assert growth and max(growth) * 8 <= shm, "room for eight Python instances' regions"
+
+
+def test_model_control_is_none_and_configs_are_strict(triton):
+    command = triton["command"]
+
+    assert _flag(command, "--model-control-mode") == ["none"]
+    assert not any(a.startswith(("--load-model", "--repository-poll-secs")) for a in command)
+    assert ("--disable-auto-complete-config" in command
+            or _flag(command, "--strict-model-config") == ["true"])
+
+
+@pytest.mark.parametrize("flag", ["--http-restricted-api", "--grpc-restricted-protocol"])
+def test_admin_api_groups_are_restricted_with_an_operator_key(triton, flag):
+    (value,) = _flag(triton["command"], flag)
+    groups, _, key = value.partition(":")
+
+    assert set(groups.split(",")) >= ADMIN_GROUPS
+    assert "inference" not in groups.split(",")
+    header, _, secret = key.partition("=")
+    assert header == "admin-key"
+    assert re.fullmatch(r"\$\{TRITON_ADMIN_KEY:\?.+\}", secret), "the operator must set the key"
+
+
+def test_http_input_size_is_bounded_below_tritons_default(triton):
+    (size,) = _flag(triton["command"], "--http-max-input-size")
+
+    assert 0 < int(size) <= 64 << 20
+
+
+def test_triton_publishes_http_grpc_and_metrics_ports(triton):
+    published = {p.rsplit(":", 1)[-1]: p for p in triton["ports"]}
+
+    assert set(published) == {"8000", "8001", "8002"}
+    assert all(p.startswith("${TRITON_BIND_IP:-127.0.0.1}:") for p in published.values())
+    assert [_flag(triton["command"], f"--{k}-port") for k in ("http", "grpc", "metrics")] == [
+        ["8000"], ["8001"], ["8002"]]
+
+
+def test_triton_starts_only_after_the_builder_succeeded(triton):
+    assert triton["depends_on"]["builder"] == {"condition": "service_completed_successfully"}
+
+
+def test_triton_runs_the_tensorrt_guard_before_tritonserver(triton):
+    entrypoint = triton["entrypoint"]
+    script = ROOT / "docker" / Path(entrypoint[-1]).name
+    lines = [line.strip() for line in script.read_text().splitlines()]
+    guard = next(i for i, line in enumerate(lines) if "-m tools.serve.trt_guard" in line)
+    starts = [i for i, line in enumerate(lines) if line.startswith("exec ")]
+
+    assert entrypoint[-1] == "/opt/triton-forge/docker/triton-entrypoint.sh"
+    assert "set -eu" in lines and starts and guard < min(starts)
+    assert triton["command"][0] == "tritonserver"
+
+
+def test_healthcheck_checks_every_model_of_the_mounted_repository(triton):
+    test = triton["healthcheck"]["test"]
+
+    assert test[:3] == ["CMD", "python3", "/opt/triton-forge/docker/healthcheck.py"]
+    assert test[test.index("--repository") + 1] == "/models"
+    probes = json.loads((ROOT / "docker" / "healthcheck_probes.json").read_text())
+    assert "text_embedding" in probes
+
+
+# --- the other services -----------------------------------------------------------------------
+
+
+def test_gpu_reservation_lives_only_in_the_override(compose):
+    override = _load(GPU_OVERRIDE)["services"]
+
+    assert all("deploy" not in compose["services"][name] for name in ("triton", "builder"))
+    for name in ("triton", "builder"):
+        (device,) = override[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert override["builder"]["command"][:4] == ["tools", "build-repo", "--target", "gpu"]
+    assert "${BUILD_TARGET:-cpu}" in compose["services"]["builder"]["command"]
+
+
+def test_builder_writes_the_repository_that_triton_reads(compose):
+    builder = compose["services"]["builder"]
+    (mount,) = [v for v in builder["volumes"] if v["target"] == "/models"]
+
+    assert mount["source"] == "./model_repository" and not mount.get("read_only", False)
+    assert builder["command"][:2] == ["tools", "build-repo"]
+    assert builder["command"][builder["command"].index("--output") + 1] == "/models"
+
+
+def test_prometheus_scrapes_tritons_metrics_port(compose):
+    config = _load(ROOT / "docker" / "prometheus.yml")
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton"]
+
+    assert [t for c in job["static_configs"] for t in c["targets"]] == ["triton:8002"]
+    mount = compose["services"]["prometheus"]["volumes"][0]
+    assert (ROOT / mount["source"]).resolve() == (ROOT / "docker" / "prometheus.yml").resolve()
+
+
+def test_grafana_is_provisioned_with_the_prometheus_datasource_and_dashboard(compose):
+    datasources = _load(ROOT / "docker/grafana/provisioning/datasources/prometheus.yml")
+    providers = _load(ROOT / "docker/grafana/provisioning/dashboards/triton.yml")
+    mounts = {v["target"]: v["source"] for v in compose["services"]["grafana"]["volumes"]}
+
+    (source,) = datasources["datasources"]
+    assert source["url"] == "http://prometheus:9090" and source["uid"] == "prometheus"
+    dashboards_dir = providers["providers"][0]["options"]["path"]
+    assert (ROOT / mounts[dashboards_dir] / "triton.json").is_file()
+    assert (ROOT / mounts["/etc/grafana/provisioning"]).resolve() == (
+        ROOT / "docker/grafana/provisioning").resolve()
+
+
+def test_locust_master_and_workers_run_only_in_the_load_profile(compose):
+    services = compose["services"]
+    master, worker = services["locust-master"], services["locust-worker"]
+
+    assert master["profiles"] == worker["profiles"] == ["load"]
+    assert master["depends_on"]["triton"] == {"condition": "service_healthy"}
+    assert "--master" in master["command"] and "--worker" in worker["command"]
+    assert "http://triton:8000" in master["command"]
+    assert master["environment"]["SLO_PROFILE"] == "gpu"
+    assert all("profiles" not in services[s] for s in ("triton", "builder", "prometheus",
+                                                        "grafana"))

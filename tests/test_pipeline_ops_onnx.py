@@ -1,0 +1,267 @@
+"""Specification of pipeline_ops.onnx_session: config parsing, the session options, ragged padding,
+length chunking and per-request validation, on small real ONNX graphs run by ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="onnx is not installed")
+pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from pipeline_ops.batching import InvalidInput  # noqa: E402
+from pipeline_ops.onnx_session import (  # noqa: E402
+    ConfigurationError,
+    OnnxRunner,
+    RunnerConfig,
+    make_session,
+    pad_stack,
+    plan_chunks,
+)
+
+VOCAB, WIDTH = 50, 4
+
+
+def _masked_mean_model(path):
+    """embedding = mean over unmasked positions of table[input_ids] (padding-invariant, like MiniLM)."""
+    table = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["tokens"]),
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "last"], ["mask3"]),
+        helper.make_node("Mul", ["tokens", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "one"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "one"], ["count"], keepdims=0),
+        helper.make_node("Div", ["summed", "count"], ["embedding"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_mean",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", WIDTH])],
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array([-1], np.int64), "last"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return table
+
+
+def _linear_model(path):
+    """logits = pixel_values @ W, fixed shape [batch, 3] -> [batch, 2]."""
+    weight = np.arange(6, dtype=np.float32).reshape(3, 2)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["pixel_values", "w"], ["logits"])],
+        "linear",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[numpy_helper.from_array(weight, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return weight
+
+
+def _encoder_config(**params):
+    parameters = {
+        "onnx_file": "model.onnx",
+        "intra_op_threads": "1",
+        "pad_values": json.dumps({"input_ids": 0, "attention_mask": 0}),
+        **params,
+    }
+    return {
+        "name": "minilm_encoder",
+        "max_batch_size": 64,
+        "input": [
+            {"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["-1"], "allow_ragged_batch": True},
+            {"name": "attention_mask", "data_type": "TYPE_INT64", "dims": ["-1"], "allow_ragged_batch": True},
+        ],
+        "output": [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [str(WIDTH)]}],
+        "parameters": {k: {"string_value": v} for k, v in parameters.items()},
+    }
+
+
+@pytest.fixture()
+def encoder(tmp_path):
+    def build(**params):
+        table = _masked_mean_model(tmp_path / "model.onnx")
+        config = RunnerConfig.from_model_config(json.dumps(_encoder_config(**params)))
+        session = make_session(tmp_path / "model.onnx", config.intra_op_threads, config.inter_op_threads)
+        return OnnxRunner(config, session), table
+
+    return build
+
+
+def _request(rows, rng):
+    """One request: token rows of the given lengths, padded to the request's longest."""
+    longest = max(rows)
+    ids = np.zeros((len(rows), longest), np.int64)
+    mask = np.zeros_like(ids)
+    for i, n in enumerate(rows):
+        ids[i, :n] = rng.integers(1, VOCAB, n)
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _expected(table, request):
+    tokens = table[request["input_ids"]] * request["attention_mask"][..., None]
+    return tokens.sum(axis=1) / request["attention_mask"].sum(axis=1, keepdims=True)
+
+
+def test_from_model_config_reads_names_dtypes_dims_and_parameters():
+    config = RunnerConfig.from_model_config(_encoder_config(intra_op_threads="2", inter_op_threads="1"))
+    assert [s.name for s in config.inputs] == ["input_ids", "attention_mask"]
+    assert config.inputs[0].dtype == np.int64 and config.inputs[0].dims == (-1,)
+    assert config.outputs[0].dtype == np.float32 and config.outputs[0].dims == (WIDTH,)
+    assert (config.intra_op_threads, config.inter_op_threads) == (2, 1)
+    assert config.pad_values == {"input_ids": 0, "attention_mask": 0}
+    assert config.onnx_file == "model.onnx"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"pad_values": "{}"}, "have variable dims but no entry in parameter 'pad_values'"),
+        ({"pad_values": "{not json"}, "'pad_values' is not valid JSON"),
+        ({"pad_values": "[0]"}, "'pad_values' must be a JSON object"),
+        ({"pad_values": '{"input_ids": 0, "attention_mask": 0, "typo": 0}'}, "unknown inputs ['typo']"),
+        ({"intra_op_threads": "two"}, "'intra_op_threads' must be an integer"),
+        ({"inter_op_threads": "-1"}, "'inter_op_threads' must be >= 0"),
+    ],
+)
+def test_from_model_config_raises_naming_model_and_parameter_when_malformed(params, message):
+    with pytest.raises(ConfigurationError) as info:
+        RunnerConfig.from_model_config(_encoder_config(**params))
+    assert "model 'minilm_encoder'" in str(info.value) and message in str(info.value)
+
+
+def test_from_model_config_raises_when_an_input_has_a_string_dtype():
+    config = _encoder_config()
+    config["input"][0]["data_type"] = "TYPE_STRING"
+    with pytest.raises(ConfigurationError, match="input 'input_ids' has data_type 'TYPE_STRING'"):
+        RunnerConfig.from_model_config(config)
+
+
+def test_make_session_sets_threads_sequential_mode_and_no_spinning(tmp_path):
+    import onnxruntime as ort
+
+    _linear_model(tmp_path / "m.onnx")
+    options = make_session(tmp_path / "m.onnx", intra_op_threads=2).get_session_options()
+    assert options.intra_op_num_threads == 2 and options.inter_op_num_threads == 1
+    assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+
+
+def test_runner_raises_when_config_names_an_input_missing_from_the_graph(tmp_path):
+    _masked_mean_model(tmp_path / "model.onnx")
+    config = _encoder_config()
+    config["input"][1]["name"] = "token_type_ids"
+    config["parameters"]["pad_values"]["string_value"] = json.dumps({"input_ids": 0, "token_type_ids": 0})
+    parsed = RunnerConfig.from_model_config(config)
+    with pytest.raises(ConfigurationError, match=r"config inputs \['token_type_ids'\] are not in model.onnx"):
+        OnnxRunner(parsed, make_session(tmp_path / "model.onnx", 1))
+
+
+@pytest.mark.parametrize("run_overhead", ["0", "40", "1"])
+def test_runner_pads_ragged_requests_and_matches_per_request_results(encoder, run_overhead):
+    runner, table = encoder(run_overhead=run_overhead)
+    rng = np.random.default_rng(1)
+    requests = [_request(rows, rng) for rows in ([3], [17, 2], [9], [1, 1, 30], [12])]
+
+    results = runner.run(requests)
+
+    assert [len(r["embedding"]) for r in results] == [1, 2, 1, 3, 1]
+    for request, result in zip(requests, results):
+        np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5, atol=1e-6)
+        assert result["embedding"].dtype == np.float32
+
+
+def test_runner_runs_length_homogeneous_chunks_when_lengths_vary(encoder):
+    runner, _ = encoder(run_overhead="4")
+    widths = []
+    run = runner.session.run
+    runner.session = type("Spy", (), {"run": lambda self, names, feed: widths.append(feed["input_ids"].shape) or run(names, feed)})()
+    rng = np.random.default_rng(2)
+    runner.run([_request([2], rng), _request([40], rng), _request([3], rng), _request([41], rng)])
+    assert sorted(widths) == [(2, 3), (2, 41)]
+
+
+def test_runner_trims_padding_that_arrives_from_the_client(encoder):
+    runner, table = encoder()
+    rng = np.random.default_rng(3)
+    request = _request([5], rng)
+    padded = {k: np.pad(v, ((0, 0), (0, 20))) for k, v in request.items()}
+    (result,) = runner.run([padded])
+    np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: {**r, "input_ids": r["input_ids"].astype(np.int32)}, "input 'input_ids' must have dtype int64, got int32"),
+        (lambda r: {**r, "attention_mask": r["attention_mask"][0]}, "input 'attention_mask' must have rank 2"),
+        (lambda r: {"input_ids": r["input_ids"]}, "input 'attention_mask' is missing"),
+        (lambda r: {k: v[:0] for k, v in r.items()}, "input 'input_ids' holds an empty batch"),
+        (lambda r: {**r, "attention_mask": r["attention_mask"][:, :-1]}, "inputs disagree on the sequence length"),
+        (lambda r: {**r, "attention_mask": np.concatenate([r["attention_mask"]] * 2)}, "inputs disagree on the batch size"),
+    ],
+)
+def test_runner_fails_only_the_bad_request_when_batched_with_good_ones(encoder, change, message):
+    runner, table = encoder()
+    rng = np.random.default_rng(4)
+    good = [_request([4], rng), _request([7, 2], rng)]
+    results = runner.run([good[0], change(_request([6], rng)), good[1]])
+
+    assert isinstance(results[1], InvalidInput) and message in str(results[1])
+    for request, result in zip(good, (results[0], results[2])):
+        np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
+
+
+def test_runner_rejects_a_wrong_fixed_dim_when_inputs_have_fixed_shapes(tmp_path):
+    weight = _linear_model(tmp_path / "model.onnx")
+    config = RunnerConfig.from_model_config(
+        {
+            "name": "classifier",
+            "input": [{"name": "pixel_values", "data_type": "TYPE_FP32", "dims": [3]}],
+            "output": [{"name": "logits", "data_type": "TYPE_FP32", "dims": [2]}],
+            "parameters": {"onnx_file": {"string_value": "model.onnx"}},
+        }
+    )
+    runner = OnnxRunner(config, make_session(tmp_path / "model.onnx", 1))
+    x = np.ones((2, 3), np.float32)
+    results = runner.run([{"pixel_values": x}, {"pixel_values": np.ones((1, 4), np.float32)}])
+    np.testing.assert_allclose(results[0]["logits"], x @ weight)
+    assert "input 'pixel_values' must have shape ['batch', 3], got [1, 4]" in str(results[1])
+
+
+def test_pad_stack_pads_every_non_batch_axis_to_its_largest_size():
+    out = pad_stack([np.ones((1, 2, 3)), np.ones((2, 4, 1))], pad_value=-1)
+    assert out.shape == (3, 4, 3)
+    assert out[0, :2, :3].min() == 1 and out[0, 2:].max() == -1 and out[1, :, 1:].max() == -1
+
+
+@pytest.mark.parametrize(
+    ("lengths", "overhead"),
+    [([5, 5, 5], 40), ([3, 60, 4, 61, 5], 40), ([3, 60, 4, 61, 5], 0), (list(range(1, 33)), 10)],
+)
+def test_plan_chunks_covers_every_row_exactly_once(lengths, overhead):
+    chunks = plan_chunks(lengths, overhead)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(len(lengths)))
+
+
+def test_plan_chunks_keeps_one_chunk_when_overhead_is_zero_or_lengths_are_equal():
+    assert len(plan_chunks([3, 60, 4], 0)) == 1
+    assert len(plan_chunks([7, 7, 7, 7], 40)) == 1
+
+
+def test_plan_chunks_separates_short_from_long_rows_when_padding_costs_more_than_a_run():
+    chunks = plan_chunks([3, 60, 4, 61, 5], run_overhead=40)
+    assert [sorted(chunk) for chunk in chunks] == [[0, 2, 4], [1, 3]]

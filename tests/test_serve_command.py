@@ -1,0 +1,265 @@
+"""``tools serve`` as a person or a script runs it: refusals in one line, clean drain on SIGTERM.
+
+The long-running cases start ``tools serve`` as a real subprocess on the toy repository.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from click.testing import CliRunner
+
+from tools.cli import cli
+
+pytestmark = pytest.mark.server
+
+TOOLS = [sys.executable, "-m", "tools.cli"]
+FREE_PORTS = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stubs_of(server_pid: int) -> list[int]:
+    return [
+        p.pid
+        for p in psutil.Process(server_pid).children(recursive=True)
+        if "triton_python_backend_stub" in " ".join(p.cmdline())
+    ]
+
+
+class ServeProcess:
+    """``tools serve`` in the foreground, as a subprocess; endpoints parsed from its output."""
+
+    def __init__(self, *args: str, ready_timeout_s: float = 120) -> None:
+        self.proc = subprocess.Popen(
+            [*TOOLS, "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True).start()
+        self.endpoints = self.wait_for_endpoints(ready_timeout_s)
+
+    @staticmethod
+    def _pump(stream, sink) -> None:
+        for line in stream:
+            sink(line.rstrip("\n"))
+
+    def wait_for_endpoints(self, timeout_s: float) -> dict[str, str]:
+        endpoints: dict[str, str] = {}
+        deadline = time.monotonic() + timeout_s
+        while "models" not in endpoints:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                raise AssertionError(f"tools serve not ready; stderr: {self.stderr}") from None
+            if m := re.match(r"^tritonserver ready: pid (\d+), log (.+)$", line):
+                endpoints["pid"], endpoints["log"] = m.groups()
+            elif m := re.match(r"^(http|grpc|metrics|models)\s+(.+)$", line):
+                endpoints[m.group(1)] = m.group(2)
+        return endpoints
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        if "pid" in getattr(self, "endpoints", {}):
+            try:
+                os.killpg(int(self.endpoints["pid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def serve_process():
+    started: list[ServeProcess] = []
+
+    def start(*args: str) -> ServeProcess:
+        started.append(ServeProcess(*args))
+        return started[-1]
+
+    yield start
+    for serve in started:
+        serve.kill()
+
+
+def _double_request(protocol: str, url: str, x: np.ndarray, delay_ms: float):
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(url)
+    inputs = [module.InferInput("INPUT0", list(x.shape), "FP32"), module.InferInput("DELAY_MS", [1, 1], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(np.array([[delay_ms]], dtype=np.float32))
+    try:
+        return client.infer("toy_double", inputs).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def test_serve_refuses_a_port_in_use_with_a_one_line_cause(toy_repository):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+
+        result = CliRunner().invoke(
+            cli, ["serve", "--repository", str(toy_repository), *FREE_PORTS, "--http-port", str(port)]
+        )
+
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Error: port {port} (HTTP) is already in use on 127.0.0.1; "
+        "choose another --http-port, or 0 for a free one"
+    ]
+
+
+def test_serve_reports_a_missing_repository_as_a_usage_error(tmp_path):
+    missing = tmp_path / "model_repository"
+
+    result = CliRunner().invoke(cli, ["serve", "--repository", str(missing), *FREE_PORTS])
+
+    assert result.exit_code == 2
+    assert f"model repository {missing} does not exist" in result.output
+
+
+def test_serve_refuses_a_broken_model_with_the_servers_reason_in_one_line(toy_repository, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(toy_repository, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "toy_text" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise ValueError('tokenizer.json not found next to model.py')\n"
+    )
+
+    done = subprocess.run(
+        [*TOOLS, "serve", "--repository", str(repo), *FREE_PORTS, "--exit-timeout", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 1
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1, done.stderr
+    assert "model 'toy_text' version 1 failed to load" in errors[0]
+    assert "ValueError: tokenizer.json not found next to model.py" in errors[0]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(repo) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_leaves_no_process_behind(
+    serve_process, toy_repository
+):
+    serve = serve_process("--repository", str(toy_repository), *FREE_PORTS, "--exit-timeout", "20")
+    server_pid = int(serve.endpoints["pid"])
+    stubs = _stubs_of(server_pid)
+    assert stubs, "the toy models run in Python stubs"
+    results: dict[str, np.ndarray | BaseException] = {}
+
+    def send(key: str, protocol: str, url: str, x: np.ndarray) -> None:
+        try:
+            results[key] = _double_request(protocol, url, x, delay_ms=2000)
+        except BaseException as exc:  # recorded and asserted below
+            results[key] = exc
+
+    inputs = {f"{p}-{i}": np.full((1, 4), i + 1, np.float32) for p in ("http", "grpc") for i in range(3)}
+    threads = [
+        threading.Thread(target=send, args=(key, key.split("-")[0], serve.endpoints[key.split("-")[0]], x))
+        for key, x in inputs.items()
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.7)  # the requests are now sleeping inside the model
+    serve.proc.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(timeout=60)
+    code = serve.proc.wait(timeout=60)
+
+    for key, x in inputs.items():
+        assert isinstance(results[key], np.ndarray), f"{key}: {results[key]!r}"
+        np.testing.assert_array_equal(results[key], 2 * x)
+    assert code == 0
+    assert [pid for pid in [server_pid, *stubs] if _alive(pid)] == []
+    assert any("SIGTERM: draining" in line for line in serve.stderr)
+
+
+def test_background_start_then_stop_with_a_pid_file_leaves_nothing_behind(toy_repository, tmp_path):
+    pid_file = tmp_path / "run" / "triton.pid"
+
+    started = subprocess.run(
+        [*TOOLS, "serve", "--repository", str(toy_repository), *FREE_PORTS, "--background",
+         "--pid-file", str(pid_file), "--exit-timeout", "5"],
+        capture_output=True, text=True, timeout=120,
+    )
+    pid = int(pid_file.read_text())
+    try:
+        http_url = re.search(r"^http\s+(\S+)$", started.stdout, re.MULTILINE).group(1)
+        stubs = _stubs_of(pid)
+        answer = _double_request("http", http_url, np.ones((1, 2), np.float32), delay_ms=0)
+
+        stopped = subprocess.run(
+            [*TOOLS, "serve", "--stop", "--pid-file", str(pid_file), "--exit-timeout", "5"],
+            capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+    assert started.returncode == 0, started.stderr
+    np.testing.assert_array_equal(answer, np.full((1, 2), 2, np.float32))
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped tritonserver pid {pid}" in stopped.stdout
+    assert [p for p in [pid, *stubs] if _alive(p)] == []
+    assert not pid_file.exists()
+
+
+def test_stop_refuses_a_pid_file_naming_a_process_that_is_not_tritonserver(tmp_path):
+    pid_file = tmp_path / "triton.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # this pytest process: must survive
+
+    result = CliRunner().invoke(cli, ["serve", "--stop", "--pid-file", str(pid_file)])
+
+    assert result.exit_code == 2
+    assert f"names pid {os.getpid()}, which is not a running tritonserver" in result.output
+    assert _alive(os.getpid())
+
+
+def test_serve_restarts_the_server_when_a_python_stub_dies(serve_process, toy_repository):
+    serve = serve_process("--repository", str(toy_repository), *FREE_PORTS, "--exit-timeout", "2")
+    first_pid = int(serve.endpoints["pid"])
+    text_stub = next(
+        p for p in psutil.Process(first_pid).children() if "toy_text_0_0" in p.cmdline()
+    )
+
+    text_stub.kill()
+    again = serve.wait_for_endpoints(timeout_s=60)
+    answer = _double_request("grpc", again["grpc"], np.ones((1, 1), np.float32), delay_ms=0)
+    serve.proc.send_signal(signal.SIGTERM)
+    code = serve.proc.wait(timeout=60)
+
+    assert any("toy_text_0_0 died" in line for line in serve.stderr)
+    assert again["grpc"] == serve.endpoints["grpc"]  # clients keep their endpoint
+    assert int(again["pid"]) != first_pid and not _alive(first_pid)
+    np.testing.assert_array_equal(answer, np.full((1, 1), 2, np.float32))
+    assert code == 0

@@ -1,0 +1,268 @@
+"""The embedded tritonserver, for real: answers, loopback only, refusals with the server's reasons.
+
+Every test starts its own server on the toy repository (tests/fixtures/toy_repository).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tools.errors import ServerError
+from tools.serve.server import ADMIN_HEADER, LOOPBACK, health_check
+
+pytestmark = pytest.mark.server
+
+SITE_PACKAGES = Path(sysconfig.get_paths()["purelib"]).resolve()
+
+
+def _toy_copy(toy_repository: Path, tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(toy_repository, repo, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+    return repo
+
+
+def _add_model(repo: Path, name: str, source: str, config_extra: str = "") -> None:
+    """A copy of toy_double named ``name`` with its own model.py (and extra config text)."""
+    shutil.copytree(repo / "toy_double", repo / name)
+    config = (repo / name / "config.pbtxt").read_text().replace('"toy_double"', f'"{name}"')
+    (repo / name / "config.pbtxt").write_text(config + config_extra)
+    (repo / name / "1" / "model.py").write_text(source)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _processes_using(path: Path) -> list[int]:
+    """Live processes whose command line mentions ``path`` (tritonserver, stubs)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(path) in cmdline and _alive(proc.info["pid"]):
+            found.append(proc.info["pid"])
+    return found
+
+
+def _listening_addresses(port: int) -> set[str]:
+    # gRPC listens on an IPv6 socket: 127.0.0.1 shows as the v4-mapped ::ffff:127.0.0.1
+    return {
+        c.laddr.ip.removeprefix("::ffff:")
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
+
+
+def test_server_doubles_input_over_http_and_grpc_when_toy_repository_served(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    http = httpclient.InferenceServerClient(server.http_url)
+    http_in = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    http_in.set_data_from_numpy(x)
+    http_out = http.infer("toy_double", [http_in]).as_numpy("OUTPUT0")
+    http.close()
+
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc_in = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    grpc_in.set_data_from_numpy(x)
+    grpc_out = grpc.infer("toy_double", [grpc_in]).as_numpy("OUTPUT0")
+    grpc.close()
+
+    np.testing.assert_array_equal(http_out, 2 * x)
+    np.testing.assert_array_equal(grpc_out, 2 * x)
+
+
+def test_server_reports_every_model_of_the_repository_ready_after_start(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository)
+
+    expected = sorted(p.name for p in toy_repository.iterdir() if (p / "config.pbtxt").exists())
+    assert server.models == expected
+    assert set(server.stub_processes()) == {f"{name}_0_0" for name in expected}
+
+
+def test_server_listens_only_on_loopback(server_factory, toy_repository):
+    server = server_factory(toy_repository)
+
+    for url in (server.http_url, server.grpc_url, server.metrics_url):
+        assert _listening_addresses(int(url.rsplit(":", 1)[1])) == {LOOPBACK}
+
+
+def test_metrics_endpoint_serves_prometheus_text(server_factory, toy_repository):
+    server = server_factory(toy_repository)
+
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as resp:
+        body = resp.read().decode()
+
+    assert "nv_inference_request_success" in body
+
+
+def test_admin_repository_api_is_refused_without_the_servers_admin_header(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository)
+    url = f"http://{server.http_url}/v2/repository/index"
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match=ADMIN_HEADER):
+        grpc.get_model_repository_index()
+    allowed = grpc.get_model_repository_index(headers=server.admin_headers)
+    grpc.close()
+
+    assert refused.value.code == 403
+    assert sorted(m.name for m in allowed.models) == server.models
+
+
+def test_start_raises_with_the_models_own_reason_when_initialize_raises(
+    server_factory, toy_repository, tmp_path
+):
+    repo = _toy_copy(toy_repository, tmp_path)
+    _add_model(
+        repo,
+        "toy_broken",
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise FileNotFoundError('weights file w.bin is missing')\n",
+    )
+
+    with pytest.raises(ServerError) as info:
+        server_factory(repo)
+
+    message = str(info.value)
+    assert "model 'toy_broken' version 1 failed to load" in message
+    assert "FileNotFoundError: weights file w.bin is missing" in message
+    assert "\n" not in message
+    log = server_factory.servers[-1].log_path
+    assert f"server log: {log}" in message and log.exists()
+    assert _processes_using(repo) == []
+
+
+def test_start_raises_with_the_parse_error_when_a_config_names_an_unknown_field(
+    server_factory, toy_repository, tmp_path
+):
+    repo = _toy_copy(toy_repository, tmp_path)
+    source = (toy_repository / "toy_double" / "1" / "model.py").read_text()
+    _add_model(repo, "toy_misspelt", source, config_extra="max_batch_sizes: 4\n")
+
+    with pytest.raises(ServerError) as info:
+        server_factory(repo)
+
+    message = str(info.value)
+    assert "model 'toy_misspelt'" in message
+    assert 'no field named "max_batch_sizes"' in message
+    assert "\n" not in message
+
+
+def test_start_raises_when_tritonserver_dies_while_starting(server_factory, toy_repository):
+    with pytest.raises(ServerError, match="exited while starting") as info:
+        server_factory(toy_repository, extra_args=["--no-such-option=1"])
+
+    assert "no-such-option" in str(info.value)
+
+
+def test_start_recognises_a_port_in_use_from_the_server_log(
+    server_factory, toy_repository, tmp_path
+):
+    first = server_factory(toy_repository)
+    taken = first.http_url.rsplit(":", 1)[1]
+
+    # the extra option overrides the (free) HTTP port the pre-check saw
+    with pytest.raises(ServerError) as info:
+        server_factory(toy_repository, extra_args=[f"--http-port={taken}"])
+
+    assert f"port {taken} (HTTP) is already in use on {LOOPBACK}" in str(info.value)
+
+
+def test_start_raises_naming_pending_models_when_loading_exceeds_the_timeout(
+    server_factory, toy_repository, tmp_path
+):
+    repo = _toy_copy(toy_repository, tmp_path)
+    _add_model(
+        repo,
+        "toy_slow_load",
+        "import time\n"
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        time.sleep(60)\n",
+    )
+
+    with pytest.raises(ServerError) as info:
+        server_factory(repo, timeout_s=3, exit_timeout_s=1)
+
+    assert "not ready after 3 s" in str(info.value)
+    assert "'toy_slow_load'" in str(info.value)
+    assert _processes_using(repo) == []
+
+
+def test_health_check_answers_ok_for_every_model_when_all_stubs_run(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository)
+
+    results = health_check(server)
+
+    assert set(results) == set(server.models)
+    # toy_text accepts the probe text; a rejected probe would still prove the stub alive
+    assert results["toy_text"] == "ok"
+
+
+def test_health_check_fails_naming_the_model_whose_stub_died_while_readiness_stays_200(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository, exit_timeout_s=2)
+    os.kill(server.stub_processes()["toy_text_0_0"], signal.SIGKILL)
+    time.sleep(0.5)
+
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/toy_text/ready") as resp:
+        assert resp.status == 200  # the trap: Triton 2.51 still reports the model ready
+    with pytest.raises(ServerError) as info:
+        health_check(server)
+
+    assert "model 'toy_text' failed an inference" in str(info.value)
+    assert "toy_double" not in str(info.value)
+
+
+def test_stop_leaves_no_tritonserver_or_stub_process(server_factory, toy_repository):
+    server = server_factory(toy_repository)
+    pids = [server.pid, *server.stub_processes().values()]
+    assert all(_alive(pid) for pid in pids)
+
+    server.stop()
+
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_backend_directory_of_a_running_server_is_outside_site_packages(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository)
+    cmdline = psutil.Process(server.pid).cmdline()
+
+    backend = Path(next(a for a in cmdline if a.startswith("--backend-directory=")).split("=", 1)[1])
+    stub_exe = Path(psutil.Process(next(iter(server.stub_processes().values()))).cmdline()[0])
+
+    assert SITE_PACKAGES not in backend.resolve().parents
+    assert stub_exe.parent == backend / "python"
+    assert not (SITE_PACKAGES / "pytriton" / "tritonserver" / "backends" / "python" / "triton_python_backend_stub").exists()

@@ -1,0 +1,213 @@
+"""The TensorRT guard refuses plans built for another TensorRT version or GPU.
+
+Runtimes are injected through the guard's seam; the CLI tests run the real detection code against
+a library folder and an ``nvidia-smi`` placed on PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.errors import TensorRTError
+from tools.serve import trt_guard
+from tools.serve.trt_guard import Runtime, guard
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRT_CONFIG = 'name: "{name}"\nplatform: "tensorrt_plan"\nmax_batch_size: 32\n'
+ORT_CONFIG = 'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 32\n'
+
+
+def _repository(tmp_path: Path, models: dict[str, dict | None], *, as_list: bool = False) -> Path:
+    """A repository whose manifest has one entry per model; a dict value is its tensorrt record."""
+    repo = tmp_path / "model_repository"
+    entries = {}
+    for name, trt in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        template = TRT_CONFIG if trt is not None else ORT_CONFIG
+        (repo / name / "config.pbtxt").write_text(template.format(name=name))
+        entries[name] = {"target": "gpu"} | ({"tensorrt": trt} if trt is not None else {})
+    manifest = {"models": [{"name": n} | e for n, e in entries.items()] if as_list else entries}
+    (repo / "build_manifest.json").write_text(json.dumps(manifest))
+    return repo
+
+
+def _runtime(version: str = "10.11.0", caps: tuple[str, ...] = ("8.6",)) -> Runtime:
+    return Runtime(version, "libnvinfer.so.test", caps, "nvidia-smi (test)")
+
+
+PLAN = {"version": "10.11.0", "compute_capability": "8.6", "precision": "fp16"}
+
+
+def test_guard_passes_when_version_and_compute_capability_match(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN, "text_tokenizer": None})
+
+    records = guard(repo, runtime=_runtime("10.11.0.33", ("8.6", "8.6")))
+
+    assert [r.model for r in records] == ["minilm_encoder"]
+    assert records[0].precision == "fp16"
+
+
+def test_guard_refuses_when_tensorrt_version_differs(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN, "efficientnet_lite0": None})
+
+    with pytest.raises(TensorRTError) as info:
+        guard(repo, runtime=_runtime("10.13.2"))
+
+    message = str(info.value)
+    assert "model 'minilm_encoder'" in message
+    assert "TensorRT 10.11.0" in message and "TensorRT 10.13.2" in message
+    assert "TensorRT version differ" in message and "compute capability differ" not in message
+    assert "docker compose run --rm builder" in message
+    assert "tools build-repo --target gpu --only minilm_encoder --force" in message
+    assert "efficientnet_lite0" not in message
+
+
+def test_guard_refuses_when_compute_capability_differs(tmp_path):
+    repo = _repository(tmp_path, {"efficientnet_lite0": PLAN})
+
+    with pytest.raises(TensorRTError) as info:
+        guard(repo, runtime=_runtime("10.11.0", ("8.9",)))
+
+    message = str(info.value)
+    assert "model 'efficientnet_lite0'" in message
+    assert "compute capability 8.6" in message and "compute capability 8.9" in message
+    assert "compute capability differ" in message and "TensorRT version" not in message
+
+
+def test_guard_refuses_when_one_of_several_gpus_differs(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+
+    with pytest.raises(TensorRTError, match="8.6, 7.5"):
+        guard(repo, runtime=_runtime("10.11.0", ("8.6", "7.5")))
+
+
+def test_guard_reports_every_mismatching_model_at_once(tmp_path):
+    other = PLAN | {"compute_capability": "sm_89"}
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN, "efficientnet_lite0": other},
+                       as_list=True)
+
+    with pytest.raises(TensorRTError) as info:
+        guard(repo, runtime=_runtime("10.3.0", ("8.6",)))
+
+    message = str(info.value)
+    assert message.startswith("2 TensorRT plan(s)")
+    assert "model 'minilm_encoder'" in message and "model 'efficientnet_lite0'" in message
+
+
+def test_guard_refuses_when_no_gpu_is_visible(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+
+    with pytest.raises(TensorRTError, match="no GPU is visible"):
+        guard(repo, runtime=_runtime("10.11.0", ()))
+
+
+def test_guard_refuses_when_no_tensorrt_is_found(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+
+    with pytest.raises(TensorRTError, match="no TensorRT was found"):
+        guard(repo, runtime=Runtime(None, "nothing searched", ("8.6",), "test"))
+
+
+def test_guard_refuses_when_a_tensorrt_config_has_no_build_record(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": None})
+    config = repo / "minilm_encoder" / "config.pbtxt"
+    config.write_text(TRT_CONFIG.format(name="minilm_encoder"))
+
+    with pytest.raises(TensorRTError, match="minilm_encoder use TensorRT but have no 'tensorrt'"):
+        guard(repo, runtime=_runtime())
+
+
+def test_guard_refuses_when_manifest_version_is_not_major_minor_patch(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN | {"version": "10.11"}})
+
+    with pytest.raises(TensorRTError, match=r"model 'minilm_encoder' field 'tensorrt'.*'10.11'"):
+        guard(repo, runtime=_runtime())
+
+
+def test_guard_needs_no_gpu_when_repository_has_no_plans(tmp_path):
+    repo = _repository(tmp_path, {"text_tokenizer": None, "minilm_encoder": None})
+
+    # No runtime injected: detection must not even be needed on this GPU-less machine.
+    assert guard(repo) == []
+
+
+def test_library_version_is_read_from_the_real_file_name(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libnvinfer.so.10.11.0").write_bytes(b"")
+    (lib / "libnvinfer.so.10").symlink_to("libnvinfer.so.10.11.0")
+
+    version, source = trt_guard.tensorrt_version_from_library([str(tmp_path / "empty"), str(lib)])
+
+    assert version == "10.11.0"
+    assert source.endswith("libnvinfer.so.10.11.0")
+
+
+def test_library_probe_refuses_when_a_folder_holds_two_versions(tmp_path):
+    for name in ("libnvinfer.so.10.3.0", "libnvinfer.so.10.11.0"):
+        (tmp_path / name).write_bytes(b"")
+
+    with pytest.raises(TensorRTError, match="10.3.0, 10.11.0"):
+        trt_guard.tensorrt_version_from_library([str(tmp_path)])
+
+
+def _fake_environment(tmp_path: Path, trt_version: str, caps: list[str]) -> dict[str, str]:
+    """A PATH with an ``nvidia-smi`` that prints ``caps`` and a folder holding libnvinfer."""
+    bin_dir, lib_dir = tmp_path / "bin", tmp_path / "lib"
+    bin_dir.mkdir()
+    lib_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '" + "\\n".join(caps) + "\\n'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    (lib_dir / f"libnvinfer.so.{trt_version}").write_bytes(b"")
+    env = {k: v for k, v in os.environ.items() if k not in ("TENSORRT_VERSION", "TRT_VERSION")}
+    return env | {"PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+                  "LD_LIBRARY_PATH": str(lib_dir), "PYTHONPATH": str(ROOT)}
+
+
+def _run_cli(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.serve.trt_guard", "--repository", str(repo)],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )
+
+
+def test_cli_exits_nonzero_and_names_the_model_when_versions_differ(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+
+    result = _run_cli(repo, _fake_environment(tmp_path, "10.3.0", ["8.6"]))
+
+    assert result.returncode == 1
+    assert "model 'minilm_encoder'" in result.stderr
+    assert "TensorRT 10.11.0" in result.stderr and "TensorRT 10.3.0" in result.stderr
+    assert "--only minilm_encoder --force" in result.stderr
+
+
+def test_cli_exits_zero_when_detected_environment_matches(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+
+    result = _run_cli(repo, _fake_environment(tmp_path, "10.11.0", ["8.6", "8.6"]))
+
+    assert result.returncode == 0, result.stderr
+    assert "minilm_encoder (TensorRT 10.11.0, sm 8.6)" in result.stdout
+
+
+def test_cli_refuses_plans_on_this_gpu_less_machine(tmp_path):
+    """No fakes: on the CI machine there is no GPU, so a plan must be refused."""
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    if trt_guard.compute_capabilities_from_nvidia_smi()[0]:
+        pytest.skip("this machine has a GPU; the GPU-less refusal cannot be observed here")
+
+    result = _run_cli(repo, env)
+
+    assert result.returncode == 1
+    assert "model 'minilm_encoder'" in result.stderr

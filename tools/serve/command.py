@@ -1,0 +1,187 @@
+"""``tools serve``: run the embedded tritonserver on a model repository until told to stop.
+
+Foreground by default (Ctrl-C or SIGTERM drains in-flight requests, then exits clean); scripts
+use ``--background --pid-file F`` to start and ``--stop --pid-file F`` to stop.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import click
+
+from tools.errors import ServerError, UserInputError
+from tools.serve.server import (
+    _STOP_GRACE_S,
+    EmbeddedServer,
+    _cmdline,
+    terminate_process_group,
+)
+
+_WATCH_INTERVAL_S = 1.0
+
+
+class _StopRequested(Exception):
+    """SIGINT or SIGTERM arrived: stop the server and exit cleanly."""
+
+
+def _describe(server: EmbeddedServer) -> str:
+    return "\n".join(
+        [
+            f"tritonserver ready: pid {server.pid}, log {server.log_path}",
+            f"http     {server.http_url}",
+            f"grpc     {server.grpc_url}",
+            f"metrics  http://{server.metrics_url}/metrics",
+            f"models   {', '.join(server.models)}",
+        ]
+    )
+
+
+def _stop_from_pid_file(pid_file: Path, exit_timeout: int) -> None:
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError) as exc:
+        raise UserInputError(f"pid file {pid_file} does not hold a process id: {exc}") from exc
+    argv = _cmdline(pid)
+    if not argv or not Path(argv[0]).name.startswith("tritonserver"):
+        pid_file.unlink(missing_ok=True)
+        raise UserInputError(
+            f"pid file {pid_file} names pid {pid}, which is not a running tritonserver "
+            "(stale file removed)"
+        )
+    terminate_process_group(pid, exit_timeout + _STOP_GRACE_S)
+    pid_file.unlink(missing_ok=True)
+    click.echo(f"stopped tritonserver pid {pid}")
+
+
+def _serve_until_signal(server: EmbeddedServer, max_restarts: int) -> None:
+    """Block while the server runs; restart it when a Python stub dies (Triton 2.51 does not)."""
+    restarts = 0
+    stubs = set(server.stub_processes())
+    while True:
+        time.sleep(_WATCH_INTERVAL_S)
+        code = server.poll()
+        if code is not None:
+            raise ServerError(
+                f"tritonserver exited unexpectedly (exit code {code}) (server log: {server.log_path})"
+            )
+        dead = sorted(stubs - set(server.stub_processes()))
+        if not dead:
+            continue
+        if restarts >= max_restarts:
+            raise ServerError(
+                f"Python stub of model instance {', '.join(dead)} died and {max_restarts} "
+                f"restarts are used up (server log: {server.log_path})"
+            )
+        restarts += 1
+        click.echo(
+            f"Python stub of model instance {', '.join(dead)} died (tritonserver 2.51 neither "
+            f"restarts nor reports it): restarting the server ({restarts}/{max_restarts})",
+            err=True,
+        )
+        server.stop()
+        server.start()
+        stubs = set(server.stub_processes())
+        click.echo(_describe(server))
+
+
+@click.command("serve")
+@click.option(
+    "--repository",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("model_repository"),
+    show_default=True,
+    help="Model repository to serve.",
+)
+@click.option("--http-port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="HTTP port on 127.0.0.1 (0: a free port).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True,
+              help="gRPC port on 127.0.0.1 (0: a free port).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True,
+              help="Prometheus metrics port on 127.0.0.1 (0: a free port).")
+@click.option("--binary", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="tritonserver binary [default: $TRITONSERVER_BINARY, else the nvidia-pytriton wheel's].")
+@click.option("--log-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Server log file, kept after exit [default: a new file in the temp folder].")
+@click.option("--exit-timeout", type=click.IntRange(0), default=30, show_default=True,
+              help="Seconds in-flight requests get to finish on stop, before SIGKILL.")
+@click.option("--start-timeout", type=click.IntRange(1), default=300, show_default=True,
+              help="Seconds the models get to load.")
+@click.option("--max-restarts", type=click.IntRange(0), default=3, show_default=True,
+              help="Foreground only: restarts when a Python stub dies, before giving up.")
+@click.option("--background", is_flag=True,
+              help="Start, wait until ready, print the endpoints, write --pid-file and return.")
+@click.option("--stop", "stop_", is_flag=True,
+              help="Stop the server named by --pid-file (drains like SIGTERM) and remove the file.")
+@click.option("--pid-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="With --background / --stop: file holding the tritonserver pid.")
+def serve(
+    repository: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    binary: Path | None,
+    log_file: Path | None,
+    exit_timeout: int,
+    start_timeout: int,
+    max_restarts: int,
+    background: bool,
+    stop_: bool,
+    pid_file: Path | None,
+) -> None:
+    """Run tritonserver on a model repository, bound to 127.0.0.1.
+
+    Waits until every model is ready, prints the endpoints (lines `http HOST:PORT`,
+    `grpc HOST:PORT`, `metrics URL`, `models A, B`) and serves until Ctrl-C or SIGTERM: the
+    server then refuses new requests, lets in-flight ones finish within --exit-timeout, and
+    exits leaving no tritonserver or Python-stub process behind. Configs are used as written
+    (no auto-completion), model control is off and the admin APIs are closed.
+
+    \b
+    For scripts:
+      tools serve --background --pid-file run/triton.pid --http-port 0 ...
+      tools serve --stop --pid-file run/triton.pid
+    """
+    if (background or stop_) and pid_file is None:
+        raise UserInputError("--background and --stop need --pid-file")
+    if background and stop_:
+        raise UserInputError("choose one of --background and --stop")
+    if stop_:
+        _stop_from_pid_file(pid_file, exit_timeout)
+        return
+    server = EmbeddedServer(
+        repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        binary=binary,
+        log_path=log_file,
+        exit_timeout_s=exit_timeout,
+    )
+    if background:
+        server.start(timeout_s=start_timeout)
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid_file.write_text(f"{server.detach()}\n")
+        click.echo(_describe(server))
+        return
+
+    def request_stop(signum: int, _frame: object) -> None:
+        # later signals must not interrupt the drain that the first one started
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _StopRequested(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start(timeout_s=start_timeout)
+        click.echo(_describe(server))
+        _serve_until_signal(server, max_restarts)
+    except _StopRequested as stop:
+        click.echo(f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True)
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo("tritonserver stopped")

@@ -1,0 +1,349 @@
+"""Refuse to serve a TensorRT plan built for another TensorRT version or another GPU.
+
+Runs before tritonserver starts (docker/triton-entrypoint.sh): compares each plan's build record
+in the manifest with the TensorRT library and the GPUs of the running environment. Standard
+library only, because it runs inside the NGC image where this project is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.errors import TensorRTError
+
+MANIFEST_NAME = "build_manifest.json"
+REBUILD_ALL = "docker compose run --rm builder"
+_REBUILD_ONE = "tools build-repo --target gpu --only {model} --force"
+
+# Where the NGC images and the TensorRT tarball put libnvinfer; LD_LIBRARY_PATH is searched first.
+_LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/local/tensorrt/lib",
+    "/opt/tensorrt/lib",
+    "/usr/lib64",
+    "/usr/lib",
+)
+_VERSION_ENV_VARS = ("TENSORRT_VERSION", "TRT_VERSION")
+_LIBRARY_RE = re.compile(r"^libnvinfer\.so\.(\d+\.\d+\.\d+)$")
+_TRT_CONFIG_RE = re.compile(
+    r'^\s*(platform\s*:\s*"tensorrt_plan"|backend\s*:\s*"tensorrt")\s*$', re.MULTILINE
+)
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """What the manifest says one TensorRT model was built with."""
+
+    model: str
+    version: str
+    compute_capability: str
+    precision: str | None = None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The TensorRT library and GPUs the server would load plans with.
+
+    Attributes:
+        tensorrt_version: e.g. ``"10.11.0"``; None when no TensorRT was found.
+        tensorrt_source: where the version came from (library file, env var, module), or what
+            was searched when none was found.
+        compute_capabilities: one ``"major.minor"`` per visible GPU; empty when none is visible.
+        gpu_source: where the GPU list came from, or why it is empty.
+    """
+
+    tensorrt_version: str | None
+    tensorrt_source: str
+    compute_capabilities: tuple[str, ...]
+    gpu_source: str
+
+
+# --- reading the repository -------------------------------------------------------------------
+
+
+def _manifest_entries(manifest: dict, manifest_path: Path) -> dict[str, dict]:
+    models = manifest.get("models")
+    if isinstance(models, dict):
+        return {str(name): entry for name, entry in models.items() if isinstance(entry, dict)}
+    if isinstance(models, list):
+        entries = {}
+        for entry in models:
+            if not isinstance(entry, dict) or "name" not in entry:
+                raise TensorRTError(f"{manifest_path}: every entry of 'models' needs a 'name'")
+            entries[str(entry["name"])] = entry
+        return entries
+    raise TensorRTError(f"{manifest_path}: field 'models' is missing or not a mapping/list")
+
+
+def tensorrt_models_in_configs(repository: Path) -> list[str]:
+    """Names of the models whose config.pbtxt selects the TensorRT backend."""
+    names = []
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        if _TRT_CONFIG_RE.search(config.read_text(encoding="utf-8")):
+            names.append(config.parent.name)
+    return names
+
+
+def _normalise_capability(value: object, where: str) -> str:
+    text = str(value).strip().lower().removeprefix("sm_")
+    match = re.fullmatch(r"(\d+)\.(\d+)", text) or re.fullmatch(r"(\d+)(\d)", text)
+    if not match:
+        raise TensorRTError(f"{where}: compute capability {value!r} is not like '8.6' or 'sm_86'")
+    return f"{int(match.group(1))}.{int(match.group(2))}"
+
+
+def _version_key(version: str, where: str) -> tuple[int, int, int]:
+    parts = version.strip().split(".")
+    if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
+        raise TensorRTError(f"{where}: TensorRT version {version!r} is not major.minor.patch")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def read_plan_records(repository: Path) -> list[PlanRecord]:
+    """Read the TensorRT build record of every TensorRT model in the repository.
+
+    Args:
+        repository: the model repository (holds ``build_manifest.json`` and the model folders).
+
+    Returns:
+        One record per model that has a ``tensorrt`` entry in the manifest or a TensorRT config.
+
+    Raises:
+        TensorRTError: a TensorRT model has no build record, or the manifest is malformed.
+    """
+    manifest_path = repository / MANIFEST_NAME
+    trt_configs = tensorrt_models_in_configs(repository)
+    if not manifest_path.is_file():
+        if trt_configs:
+            raise TensorRTError(
+                f"{repository}: models {', '.join(trt_configs)} use TensorRT but {MANIFEST_NAME} "
+                f"is missing, so the TensorRT version they were built with is unknown. "
+                f"Rebuild: `{REBUILD_ALL}`"
+            )
+        return []
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TensorRTError(f"{manifest_path}: not valid JSON ({exc})") from exc
+    entries = _manifest_entries(manifest, manifest_path)
+
+    records = []
+    for name, entry in sorted(entries.items()):
+        trt = entry.get("tensorrt")
+        if trt is None:
+            continue
+        where = f"{manifest_path}: model '{name}' field 'tensorrt'"
+        if not isinstance(trt, dict) or "version" not in trt or "compute_capability" not in trt:
+            raise TensorRTError(f"{where} needs 'version' and 'compute_capability'")
+        _version_key(str(trt["version"]), where)
+        records.append(
+            PlanRecord(
+                model=name,
+                version=str(trt["version"]),
+                compute_capability=_normalise_capability(trt["compute_capability"], where),
+                precision=trt.get("precision"),
+            )
+        )
+    missing = sorted(set(trt_configs) - {r.model for r in records})
+    if missing:
+        raise TensorRTError(
+            f"{manifest_path}: models {', '.join(missing)} use TensorRT but have no 'tensorrt' "
+            f"build record, so the TensorRT version they were built with is unknown. "
+            f"Rebuild: `{REBUILD_ALL}`"
+        )
+    return records
+
+
+# --- detecting the running environment (each probe is a seam tests can call directly) ----------
+
+
+def tensorrt_version_from_library(directories: Iterable[str]) -> tuple[str | None, str]:
+    """Find the TensorRT version from the real ``libnvinfer.so.X.Y.Z`` file name.
+
+    Args:
+        directories: folders to search, in order; the first one holding the library wins.
+
+    Returns:
+        ``(version, source)``; version is None when no library was found.
+    """
+    searched = []
+    for directory in directories:
+        if not directory:
+            continue
+        searched.append(directory)
+        versions = sorted(
+            {m.group(1) for path in glob.glob(os.path.join(directory, "libnvinfer.so.*"))
+             if (m := _LIBRARY_RE.match(os.path.basename(path)))},
+            key=lambda v: tuple(int(p) for p in v.split(".")),
+        )
+        if len(versions) > 1:
+            raise TensorRTError(
+                f"{directory} holds several TensorRT libraries ({', '.join(versions)}); "
+                f"cannot tell which one tritonserver loads"
+            )
+        if versions:
+            return versions[0], os.path.join(directory, f"libnvinfer.so.{versions[0]}")
+    return None, f"no libnvinfer.so.X.Y.Z in {', '.join(searched) or '(no folders)'}"
+
+
+def tensorrt_version_from_module() -> tuple[str | None, str]:
+    """TensorRT version of the ``tensorrt`` Python module, if it is installed."""
+    try:
+        import tensorrt  # type: ignore[import-not-found]
+    except ImportError:
+        return None, "no tensorrt Python module"
+    return str(tensorrt.__version__), f"tensorrt Python module {tensorrt.__file__}"
+
+
+def compute_capabilities_from_nvidia_smi(
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+) -> tuple[tuple[str, ...], str]:
+    """Compute capability of every visible GPU, as reported by ``nvidia-smi``.
+
+    Args:
+        run: the subprocess runner (``subprocess.run``).
+
+    Returns:
+        ``(capabilities, source)``; capabilities is empty when no GPU is visible.
+    """
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return (), "nvidia-smi not found (no NVIDIA GPU visible)"
+    try:
+        result = run(
+            [exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return (), f"nvidia-smi failed: {exc}"
+    if result.returncode != 0:
+        return (), f"nvidia-smi exited {result.returncode}: {result.stderr.strip()[:200]}"
+    caps = tuple(
+        _normalise_capability(line, "nvidia-smi") for line in result.stdout.split() if line.strip()
+    )
+    return caps, "nvidia-smi --query-gpu=compute_cap"
+
+
+def detect_runtime() -> Runtime:
+    """Detect the TensorRT version and GPU compute capabilities of this environment."""
+    dirs = [*os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep), *_LIBRARY_DIRS]
+    version, source = tensorrt_version_from_library(dirs)
+    notes = [source]
+    if version is None:
+        for var in _VERSION_ENV_VARS:
+            if os.environ.get(var):
+                version, source = os.environ[var], f"${var}"
+                break
+        else:
+            notes.append(f"no ${' or $'.join(_VERSION_ENV_VARS)}")
+    if version is None:
+        version, source = tensorrt_version_from_module()
+        notes.append(source)
+        source = source if version else "; ".join(notes)
+    caps, gpu_source = compute_capabilities_from_nvidia_smi()
+    return Runtime(version, source, caps, gpu_source)
+
+
+# --- the check --------------------------------------------------------------------------------
+
+
+def mismatches(records: Sequence[PlanRecord], runtime: Runtime) -> list[str]:
+    """One message per TensorRT model that the running environment cannot load safely."""
+    problems = []
+    for record in records:
+        rebuild = f"Rebuild inside the serving image: `{REBUILD_ALL}` " \
+                  f"(or `{_REBUILD_ONE.format(model=record.model)}` in it)."
+        built = (f"model '{record.model}': plan built with TensorRT {record.version} "
+                 f"for compute capability {record.compute_capability}")
+        if runtime.tensorrt_version is None:
+            problems.append(f"{built}, but no TensorRT was found here ({runtime.tensorrt_source}). "
+                            f"Serve the onnxruntime build instead, or {rebuild}")
+            continue
+        if not runtime.compute_capabilities:
+            problems.append(f"{built}, but no GPU is visible ({runtime.gpu_source}). A plan "
+                            f"needs the GPU it was built for; start with the gpu profile.")
+            continue
+        wrong_version = _version_key(record.version, record.model) != _version_key(
+            runtime.tensorrt_version, runtime.tensorrt_source
+        )
+        wrong_gpus = sorted({c for c in runtime.compute_capabilities
+                             if c != record.compute_capability})
+        if wrong_version or wrong_gpus:
+            runs = (f"this server runs TensorRT {runtime.tensorrt_version} "
+                    f"({runtime.tensorrt_source}) on GPUs with compute capability "
+                    f"{', '.join(runtime.compute_capabilities)} ({runtime.gpu_source})")
+            what = " and ".join(
+                part for part, bad in (("TensorRT version", wrong_version),
+                                       ("compute capability", bool(wrong_gpus))) if bad
+            )
+            problems.append(f"{built}, but {runs}: {what} differ. {rebuild}")
+    return problems
+
+
+def guard(repository: Path, runtime: Runtime | None = None) -> list[PlanRecord]:
+    """Raise unless every TensorRT plan in the repository matches the running environment.
+
+    Args:
+        repository: the model repository.
+        runtime: the environment to check against; detected when None (tests pass their own).
+
+    Returns:
+        The TensorRT records that were checked (empty when the repository has no plans, in
+        which case neither TensorRT nor a GPU is required).
+
+    Raises:
+        TensorRTError: naming every mismatching model, what it was built with, what runs, and
+            the command that rebuilds it.
+    """
+    records = read_plan_records(Path(repository))
+    if not records:
+        return []
+    runtime = runtime if runtime is not None else detect_runtime()
+    problems = mismatches(records, runtime)
+    if problems:
+        raise TensorRTError(
+            f"{len(problems)} TensorRT plan(s) in {repository} cannot be served here:\n  "
+            + "\n  ".join(problems)
+        )
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m tools.serve.trt_guard --repository PATH``; exit 1 on mismatch."""
+    parser = argparse.ArgumentParser(prog="python -m tools.serve.trt_guard", description=__doc__)
+    parser.add_argument("--repository", type=Path, help="model repository")
+    parser.add_argument("--print-runtime", action="store_true",
+                        help="print the detected TensorRT version and GPUs, then exit")
+    args = parser.parse_args(argv)
+    if args.print_runtime:
+        print(json.dumps(detect_runtime().__dict__, indent=2))
+        return 0
+    if args.repository is None:
+        parser.error("--repository is required")
+    try:
+        records = guard(args.repository)
+    except TensorRTError as exc:
+        print(f"trt_guard: {exc}", file=sys.stderr)
+        return 1
+    if records:
+        print(f"trt_guard: {len(records)} TensorRT plan(s) match this server: "
+              + ", ".join(f"{r.model} (TensorRT {r.version}, sm {r.compute_capability})"
+                          for r in records))
+    else:
+        print(f"trt_guard: no TensorRT plans in {args.repository}; nothing to check")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
