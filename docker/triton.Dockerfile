@@ -27,10 +27,13 @@ COPY pyproject.toml README.md* repository.yaml* ./
 COPY tools ./tools
 COPY backends ./backends
 COPY loadtests ./loadtests
-# CPU torch: the builder exports ONNX on the CPU; TensorRT does the GPU work. An unpinned torch
-# from the default index would pull a multi-GB CUDA build.
-RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.4" \
- && python3 -m pip install ".[load]"
+# CPU torch, pinned by the same constraints file as CI (scripts/constraints-cpu.txt): the
+# builder exports ONNX on the CPU and TensorRT does the GPU work; an unpinned torch from the
+# default index would pull a multi-GB CUDA build. Editable, so `tools` finds backends/ here.
+COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
+RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu \
+        -c /tmp/constraints-cpu.txt torch \
+ && python3 -m pip install -c /tmp/constraints-cpu.txt -e ".[load]"
 # The tensorrt Python module must be the TensorRT of this image: take the version from the
 # image's own libnvinfer (the probe the serving guard uses) and the CUDA major from the NGC
 # image's CUDA_VERSION.

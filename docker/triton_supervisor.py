@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import healthcheck  # noqa: E402  (docker/healthcheck.py, next to this file)
+import healthcheck  # docker/healthcheck.py, next to this file
 
 
 def _log(message: str) -> None:

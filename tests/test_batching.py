@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from pipeline_ops.batching import InvalidInput, pad_to_longest, rows_of, run_batched
 
 

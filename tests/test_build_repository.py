@@ -54,6 +54,10 @@ def build_broken_toy() -> torch.nn.Module:
     return ToyEncoder(broken=True).eval()
 
 
+def build_interrupted_toy() -> torch.nn.Module:
+    raise KeyboardInterrupt  # as if the person pressed Ctrl-C while the model loads
+
+
 def toy_sample_inputs(batch_size, axes):
     length = axes["sequence"]
     generator = torch.Generator().manual_seed(batch_size * 1000 + length)
@@ -273,3 +277,75 @@ def test_built_toy_repository_loads_with_strict_config_and_answers(built, server
     assert pooled.shape == (2, WIDTH)
     assert np.isfinite(pooled).all()
     assert result.as_numpy("LENGTH")[:, 0].tolist()[0] < result.as_numpy("LENGTH")[:, 0].tolist()[1]
+
+
+def test_gpu_target_without_a_gpu_reports_the_plan_stage_skipped_with_the_reason(tmp_path):
+    from tools.build import onnx2trt
+    from tools.build.command import build_repository
+
+    try:
+        onnx2trt.probe_gpu()
+    except onnx2trt.NoGpu as exc:
+        reason = f"no GPU ({exc})"
+    else:
+        pytest.skip("this host has a GPU: the plan is built, see test_build_trt.py")
+    output = tmp_path / "model_repository"
+    result = build_repository(_toy_spec(tmp_path), output, target="gpu", only=["toy_encoder"], progress=False)
+    assert result["toy_encoder"].status == "built"
+    assert result["toy_encoder"].note == f"onnx2trt skipped: {reason}"
+    entry = json.loads((output / "build_manifest.json").read_text())["models"]["toy_encoder"]
+    assert entry["stages"]["onnx2trt"] == {"status": "skipped", "reason": reason}
+    assert "tensorrt" not in entry
+    assert 'platform: "tensorrt_plan"' in (output / "toy_encoder" / "config.pbtxt").read_text()
+    assert not (output / "toy_encoder" / "1" / "model.plan").exists()
+
+
+def test_interrupted_build_leaves_the_previous_repository_byte_identical(tmp_path):
+    from tools.build.command import build_repository
+
+    output = tmp_path / "model_repository"
+    build_repository(_toy_spec(tmp_path), output, progress=False)
+    before = tree_digest(output)
+    with pytest.raises(KeyboardInterrupt):
+        build_repository(_toy_spec(tmp_path, source="test_build_repository:build_interrupted_toy"),
+                         output, force=True, progress=False)
+    assert tree_digest(output) == before
+
+
+def test_leftovers_of_a_killed_build_are_removed_and_parked_models_restored(tmp_path):
+    import subprocess
+
+    from tools.build.repository import recover_interrupted
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    output = tmp_path / "model_repository"
+    (output / ".build-abc" / "half_written").mkdir(parents=True)
+    (output / ".build-abc" / ".pid").write_text(str(dead.pid))
+    (output / ".previous-abc" / "toy_encoder").mkdir(parents=True)
+    (output / ".previous-abc" / "toy_encoder" / "config.pbtxt").write_text("name: 'toy_encoder'")
+    assert recover_interrupted(output) == ["toy_encoder"]
+    assert (output / "toy_encoder" / "config.pbtxt").is_file()
+    assert sorted(p.name for p in output.iterdir()) == ["toy_encoder"]
+
+
+def test_staging_of_a_running_build_is_left_alone(tmp_path):
+    import os
+
+    from tools.build.repository import recover_interrupted
+
+    output = tmp_path / "model_repository"
+    (output / ".build-live").mkdir(parents=True)
+    (output / ".build-live" / ".pid").write_text(str(os.getpid()))
+    recover_interrupted(output)
+    assert (output / ".build-live").is_dir()
+
+
+def test_second_build_into_the_same_repository_is_refused_while_one_runs(tmp_path):
+    from tools.build.repository import locked
+    from tools.errors import ToolkitError
+
+    with locked(tmp_path):
+        with pytest.raises(ToolkitError, match="another `tools build-repo` is writing it"):
+            with locked(tmp_path):
+                pass

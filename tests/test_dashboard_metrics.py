@@ -26,7 +26,8 @@ TRITON_GPU_METRICS = frozenset({
 REQUIRED = {
     "request rate": {"nv_inference_request_success"},
     "latency": {"nv_inference_request_duration_us"},
-    "queue vs compute": {"nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us"},
+    "queue vs compute": {"nv_inference_queue_duration_us",
+                         "nv_inference_compute_infer_duration_us"},
     "executed batch size": {"nv_inference_count", "nv_inference_exec_count"},
     "failures by reason": {"nv_inference_request_failure"},
     "GPU utilisation": {"nv_gpu_utilization"},
@@ -66,7 +67,7 @@ def test_dashboard_is_provisionable_json_with_unique_panels(dashboard):
 def test_dashboard_uses_the_provisioned_datasource_uid(dashboard):
     datasource = (ROOT / "docker/grafana/provisioning/datasources/prometheus.yml").read_text()
 
-    assert re.search(r"^\s*uid: prometheus$", datasource, re.M)
+    assert re.search(r"^\s*uid: prometheus$", datasource, re.MULTILINE)
     assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} == {
         "prometheus"}
 
@@ -101,7 +102,7 @@ def test_every_dashboard_metric_is_one_triton_exports(dashboard, server_factory,
         assert response.status == 200
     with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as response:
         text = response.read().decode()
-    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
 
     used = _used_metrics(dashboard)
     unknown = used - exported - TRITON_GPU_METRICS

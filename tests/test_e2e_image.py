@@ -289,7 +289,7 @@ def test_bad_request_fails_alone_when_sent_concurrently_with_good_ones(
                 assert_matches_reference(row, reference(path, k), labels, f"request {i}")
         after = classifier.counts("image_preprocess")
         inferences, executions = after[0] - before[0], after[1] - before[1]
-        print(f"{classifier.protocol}: image_preprocess ran {inferences} rows in {executions} calls")
+        print(f"{classifier.protocol}: image_preprocess: {inferences} rows, {executions} calls")
         if executions < inferences:
             merged = True
             break

@@ -4,15 +4,18 @@ and gRPC matches sentence-transformers, rejects bad input per request, and batch
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.server, pytest.mark.torch]
 
-tritonclient_http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
-tritonclient_grpc = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+tritonclient_http = pytest.importorskip(
+    "tritonclient.http", reason="tritonclient[http] is not installed"
+)
+tritonclient_grpc = pytest.importorskip(
+    "tritonclient.grpc", reason="tritonclient[grpc] is not installed"
+)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 PIPELINE, TOKENIZER, ENCODER = "text_embedding", "text_tokenizer", "minilm_encoder"
@@ -155,13 +158,15 @@ def test_text_embedding_matches_sentence_transformers_when_texts_vary(client, re
     assert served.shape == (len(PARITY_TEXTS), 384) and served.dtype == np.float32
     error = np.abs(served - expected).max(axis=1)
     worst = int(error.argmax())
-    assert error.max() <= 1e-4, f"max abs error {error.max():.2e} on text {PARITY_TEXTS[worst][:60]!r}"
+    assert error.max() <= 1e-4, (
+        f"max abs error {error.max():.2e} on text {PARITY_TEXTS[worst][:60]!r}"
+    )
 
 
 def test_text_embedding_truncates_when_text_is_far_beyond_max_length(client):
     # "word" is one token; 254 of them plus [CLS] and [SEP] fill the 256-token limit exactly.
     at_limit = client.embed(_encode(["word " * 254]))
-    far_beyond = client.embed(_encode(["word " * 20000]))
+    far_beyond = client.embed(_encode(["word " * 10000]))  # 50 KB, 10002 tokens
     shorter = client.embed(_encode(["word " * 100]))
     np.testing.assert_allclose(far_beyond, at_limit, atol=1e-6)
     assert np.abs(shorter - at_limit).max() > 1e-3
@@ -172,16 +177,44 @@ BAD_INPUTS = [
     ("empty_string", _encode([""]), "BYTES", ["input 'TEXT'", "empty string"]),
     ("whitespace_only", _encode([" \t\n "]), "BYTES", ["input 'TEXT'", "only whitespace"]),
     ("invalid_utf8", _encode([b"caf\xe9 \xff"]), "BYTES", ["input 'TEXT'", "not valid UTF-8"]),
-    ("bad_row_in_batch", _encode(["fine", "\u3000 "]), "BYTES", ["input 'TEXT' row 1", "only whitespace"]),
+    (
+        "too_many_bytes",
+        _encode(["word " * 20000]),
+        "BYTES",
+        ["input 'TEXT' row 0", "100000 bytes, above the limit"],
+    ),
+    (
+        "bad_row_in_batch",
+        _encode(["fine", "\u3000 "]),
+        "BYTES",
+        ["input 'TEXT' row 1", "only whitespace"],
+    ),
     # Triton's own validation (before any model runs) names the input too.
     ("empty_batch", np.zeros((0, 1), dtype=object), "BYTES", ["input 'TEXT'", "got 0"]),
-    ("wrong_dtype", np.ones((1, 1), np.float32), "FP32", ["input 'TEXT'", "data-type is 'FP32'", "expects 'BYTES'"]),
-    ("rank_1", np.array([b"hello"], dtype=object), "BYTES", ["input 'TEXT'", "Expected [-1,1], got [1]"]),
-    ("rank_3", np.array([[[b"hello"]]], dtype=object), "BYTES", ["input 'TEXT'", "Expected [-1,1], got [1,1,1]"]),
+    (
+        "wrong_dtype",
+        np.ones((1, 1), np.float32),
+        "FP32",
+        ["input 'TEXT'", "data-type is 'FP32'", "expects 'BYTES'"],
+    ),
+    (
+        "rank_1",
+        np.array([b"hello"], dtype=object),
+        "BYTES",
+        ["input 'TEXT'", "Expected [-1,1], got [1]"],
+    ),
+    (
+        "rank_3",
+        np.array([[[b"hello"]]], dtype=object),
+        "BYTES",
+        ["input 'TEXT'", "Expected [-1,1], got [1,1,1]"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("array", "datatype", "expected"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("array", "datatype", "expected"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS]
+)
 def test_text_embedding_rejects_bad_input_and_keeps_serving(client, array, datatype, expected):
     with pytest.raises(InferenceServerException) as info:
         client.embed(array, datatype)
@@ -238,7 +271,9 @@ def _concurrent_http(server, arrays):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_bad_request_fails_alone_when_sent_concurrently_with_good_ones(triton_server, reference, protocol):
+def test_bad_request_fails_alone_when_sent_concurrently_with_good_ones(
+    triton_server, reference, protocol
+):
     texts = [f"good request number {i} about {'servers ' * (i % 9)}" for i in range(24)]
     arrays = [_encode([t]) for t in texts]
     bad_at = (5, 17)
@@ -300,5 +335,7 @@ def test_encoder_executes_batches_of_at_least_8_when_32_requests_are_concurrent(
     inferences, executions = after[0] - before[0], after[1] - before[1]
     assert inferences == len(texts)
     mean_batch = inferences / executions
-    print(f"\nminilm_encoder: {inferences} inferences in {executions} executions, mean batch {mean_batch:.2f}")
+    print(
+        f"\nminilm_encoder: {inferences} inferences in {executions} executions, mean batch {mean_batch:.2f}"
+    )
     assert mean_batch >= 8, f"mean executed batch size {mean_batch:.2f} < 8"

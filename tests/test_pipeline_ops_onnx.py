@@ -11,7 +11,6 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
 from pipeline_ops.batching import InvalidInput  # noqa: E402
 from pipeline_ops.onnx_session import (  # noqa: E402
     ConfigurationError,
@@ -80,8 +79,18 @@ def _encoder_config(**params):
         "name": "minilm_encoder",
         "max_batch_size": 64,
         "input": [
-            {"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["-1"], "allow_ragged_batch": True},
-            {"name": "attention_mask", "data_type": "TYPE_INT64", "dims": ["-1"], "allow_ragged_batch": True},
+            {
+                "name": "input_ids",
+                "data_type": "TYPE_INT64",
+                "dims": ["-1"],
+                "allow_ragged_batch": True,
+            },
+            {
+                "name": "attention_mask",
+                "data_type": "TYPE_INT64",
+                "dims": ["-1"],
+                "allow_ragged_batch": True,
+            },
         ],
         "output": [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [str(WIDTH)]}],
         "parameters": {k: {"string_value": v} for k, v in parameters.items()},
@@ -93,7 +102,9 @@ def encoder(tmp_path):
     def build(**params):
         table = _masked_mean_model(tmp_path / "model.onnx")
         config = RunnerConfig.from_model_config(json.dumps(_encoder_config(**params)))
-        session = make_session(tmp_path / "model.onnx", config.intra_op_threads, config.inter_op_threads)
+        session = make_session(
+            tmp_path / "model.onnx", config.intra_op_threads, config.inter_op_threads
+        )
         return OnnxRunner(config, session), table
 
     return build
@@ -116,7 +127,9 @@ def _expected(table, request):
 
 
 def test_from_model_config_reads_names_dtypes_dims_and_parameters():
-    config = RunnerConfig.from_model_config(_encoder_config(intra_op_threads="2", inter_op_threads="1"))
+    config = RunnerConfig.from_model_config(
+        _encoder_config(intra_op_threads="2", inter_op_threads="1")
+    )
     assert [s.name for s in config.inputs] == ["input_ids", "attention_mask"]
     assert config.inputs[0].dtype == np.int64 and config.inputs[0].dims == (-1,)
     assert config.outputs[0].dtype == np.float32 and config.outputs[0].dims == (WIDTH,)
@@ -131,7 +144,10 @@ def test_from_model_config_reads_names_dtypes_dims_and_parameters():
         ({"pad_values": "{}"}, "have variable dims but no entry in parameter 'pad_values'"),
         ({"pad_values": "{not json"}, "'pad_values' is not valid JSON"),
         ({"pad_values": "[0]"}, "'pad_values' must be a JSON object"),
-        ({"pad_values": '{"input_ids": 0, "attention_mask": 0, "typo": 0}'}, "unknown inputs ['typo']"),
+        (
+            {"pad_values": '{"input_ids": 0, "attention_mask": 0, "typo": 0}'},
+            "unknown inputs ['typo']",
+        ),
         ({"intra_op_threads": "two"}, "'intra_op_threads' must be an integer"),
         ({"inter_op_threads": "-1"}, "'inter_op_threads' must be >= 0"),
     ],
@@ -164,9 +180,13 @@ def test_runner_raises_when_config_names_an_input_missing_from_the_graph(tmp_pat
     _masked_mean_model(tmp_path / "model.onnx")
     config = _encoder_config()
     config["input"][1]["name"] = "token_type_ids"
-    config["parameters"]["pad_values"]["string_value"] = json.dumps({"input_ids": 0, "token_type_ids": 0})
+    config["parameters"]["pad_values"]["string_value"] = json.dumps(
+        {"input_ids": 0, "token_type_ids": 0}
+    )
     parsed = RunnerConfig.from_model_config(config)
-    with pytest.raises(ConfigurationError, match=r"config inputs \['token_type_ids'\] are not in model.onnx"):
+    with pytest.raises(
+        ConfigurationError, match=r"config inputs \['token_type_ids'\] are not in model.onnx"
+    ):
         OnnxRunner(parsed, make_session(tmp_path / "model.onnx", 1))
 
 
@@ -180,18 +200,32 @@ def test_runner_pads_ragged_requests_and_matches_per_request_results(encoder, ru
 
     assert [len(r["embedding"]) for r in results] == [1, 2, 1, 3, 1]
     for request, result in zip(requests, results):
-        np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            result["embedding"], _expected(table, request), rtol=1e-5, atol=1e-6
+        )
         assert result["embedding"].dtype == np.float32
 
 
 def test_runner_runs_length_homogeneous_chunks_when_lengths_vary(encoder):
-    runner, _ = encoder(run_overhead="4")
-    widths = []
-    run = runner.session.run
-    runner.session = type("Spy", (), {"run": lambda self, names, feed: widths.append(feed["input_ids"].shape) or run(names, feed)})()
+    runner, table = encoder(run_overhead="4")
+
+    class RecordingSession:
+        def __init__(self, inner):
+            self.inner, self.shapes = inner, []
+
+        def run(self, names, feed):
+            self.shapes.append(feed["input_ids"].shape)
+            return self.inner.run(names, feed)
+
+    runner.session = RecordingSession(runner.session)
     rng = np.random.default_rng(2)
-    runner.run([_request([2], rng), _request([40], rng), _request([3], rng), _request([41], rng)])
-    assert sorted(widths) == [(2, 3), (2, 41)]
+    requests = [_request([2], rng), _request([40], rng), _request([3], rng), _request([41], rng)]
+
+    results = runner.run(requests)
+
+    assert sorted(runner.session.shapes) == [(2, 3), (2, 41)]
+    for request, result in zip(requests, results):
+        np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
 
 
 def test_runner_trims_padding_that_arrives_from_the_client(encoder):
@@ -206,12 +240,24 @@ def test_runner_trims_padding_that_arrives_from_the_client(encoder):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda r: {**r, "input_ids": r["input_ids"].astype(np.int32)}, "input 'input_ids' must have dtype int64, got int32"),
-        (lambda r: {**r, "attention_mask": r["attention_mask"][0]}, "input 'attention_mask' must have rank 2"),
+        (
+            lambda r: {**r, "input_ids": r["input_ids"].astype(np.int32)},
+            "input 'input_ids' must have dtype int64, got int32",
+        ),
+        (
+            lambda r: {**r, "attention_mask": r["attention_mask"][0]},
+            "input 'attention_mask' must have rank 2",
+        ),
         (lambda r: {"input_ids": r["input_ids"]}, "input 'attention_mask' is missing"),
         (lambda r: {k: v[:0] for k, v in r.items()}, "input 'input_ids' holds an empty batch"),
-        (lambda r: {**r, "attention_mask": r["attention_mask"][:, :-1]}, "inputs disagree on the sequence length"),
-        (lambda r: {**r, "attention_mask": np.concatenate([r["attention_mask"]] * 2)}, "inputs disagree on the batch size"),
+        (
+            lambda r: {**r, "attention_mask": r["attention_mask"][:, :-1]},
+            "inputs disagree on the sequence length",
+        ),
+        (
+            lambda r: {**r, "attention_mask": np.concatenate([r["attention_mask"]] * 2)},
+            "inputs disagree on the batch size",
+        ),
     ],
 )
 def test_runner_fails_only_the_bad_request_when_batched_with_good_ones(encoder, change, message):

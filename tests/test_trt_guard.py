@@ -64,7 +64,7 @@ def test_guard_refuses_when_tensorrt_version_differs(tmp_path):
     message = str(info.value)
     assert "model 'minilm_encoder'" in message
     assert "TensorRT 10.11.0" in message and "TensorRT 10.13.2" in message
-    assert "TensorRT version differ" in message and "compute capability differ" not in message
+    assert "the TensorRT version differs" in message and "compute capability differ" not in message
     assert "docker compose run --rm builder" in message
     assert "tools build-repo --target gpu --only minilm_encoder --force" in message
     assert "efficientnet_lite0" not in message
@@ -79,7 +79,7 @@ def test_guard_refuses_when_compute_capability_differs(tmp_path):
     message = str(info.value)
     assert "model 'efficientnet_lite0'" in message
     assert "compute capability 8.6" in message and "compute capability 8.9" in message
-    assert "compute capability differ" in message and "TensorRT version" not in message
+    assert "the compute capability differs" in message and "TensorRT version differ" not in message
 
 
 def test_guard_refuses_when_one_of_several_gpus_differs(tmp_path):

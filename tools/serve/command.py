@@ -56,10 +56,8 @@ def _stop_from_pid_file(pid_file: Path, exit_timeout: int) -> None:
     click.echo(f"stopped tritonserver pid {pid}")
 
 
-def _serve_until_signal(server: EmbeddedServer, max_restarts: int) -> None:
-    """Block while the server runs; restart it when a Python stub dies (Triton 2.51 does not)."""
-    restarts = 0
-    stubs = set(server.stub_processes())
+def _watch(server: EmbeddedServer, stubs: set[str]) -> list[str]:
+    """Block until one of ``stubs`` dies (returns them) or the server exits (raises)."""
     while True:
         time.sleep(_WATCH_INTERVAL_S)
         code = server.poll()
@@ -68,23 +66,30 @@ def _serve_until_signal(server: EmbeddedServer, max_restarts: int) -> None:
                 f"tritonserver exited unexpectedly (exit code {code}) (server log: {server.log_path})"
             )
         dead = sorted(stubs - set(server.stub_processes()))
-        if not dead:
-            continue
-        if restarts >= max_restarts:
+        if dead:
+            return dead
+
+
+def _serve_until_signal(server: EmbeddedServer, max_restarts: int) -> None:
+    """Announce the server and block while it runs; restart it when a Python stub dies
+    (Triton 2.51 neither restarts a stub nor reports it through readiness)."""
+    for restart in range(max_restarts + 1):
+        # snapshot before announcing, so a death right after the announcement still counts
+        stubs = set(server.stub_processes())
+        click.echo(_describe(server))
+        dead = ", ".join(_watch(server, stubs))
+        if restart == max_restarts:
             raise ServerError(
-                f"Python stub of model instance {', '.join(dead)} died and {max_restarts} "
-                f"restarts are used up (server log: {server.log_path})"
+                f"Python stub of model instance {dead} died and all {max_restarts} restarts are "
+                f"used up (server log: {server.log_path})"
             )
-        restarts += 1
         click.echo(
-            f"Python stub of model instance {', '.join(dead)} died (tritonserver 2.51 neither "
-            f"restarts nor reports it): restarting the server ({restarts}/{max_restarts})",
+            f"Python stub of model instance {dead} died (tritonserver 2.51 neither restarts nor "
+            f"reports it): restarting the server ({restart + 1}/{max_restarts})",
             err=True,
         )
         server.stop()
         server.start()
-        stubs = set(server.stub_processes())
-        click.echo(_describe(server))
 
 
 @click.command("serve")
@@ -176,7 +181,6 @@ def serve(
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start(timeout_s=start_timeout)
-        click.echo(_describe(server))
         _serve_until_signal(server, max_restarts)
     except _StopRequested as stop:
         click.echo(f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True)

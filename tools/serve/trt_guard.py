@@ -33,6 +33,7 @@ _LIBRARY_DIRS = (
     "/opt/tensorrt/lib",
     "/usr/lib64",
     "/usr/lib",
+    "/opt/tritonserver/backends/tensorrt",
 )
 _VERSION_ENV_VARS = ("TENSORRT_VERSION", "TRT_VERSION")
 _LIBRARY_RE = re.compile(r"^libnvinfer\.so\.(\d+\.\d+\.\d+)$")
@@ -262,32 +263,30 @@ def mismatches(records: Sequence[PlanRecord], runtime: Runtime) -> list[str]:
     """One message per TensorRT model that the running environment cannot load safely."""
     problems = []
     for record in records:
-        rebuild = f"Rebuild inside the serving image: `{REBUILD_ALL}` " \
-                  f"(or `{_REBUILD_ONE.format(model=record.model)}` in it)."
+        rebuild = (f"rebuild it inside the serving image: `{REBUILD_ALL}` "
+                   f"(or `{_REBUILD_ONE.format(model=record.model)}` in it).")
         built = (f"model '{record.model}': plan built with TensorRT {record.version} "
                  f"for compute capability {record.compute_capability}")
         if runtime.tensorrt_version is None:
-            problems.append(f"{built}, but no TensorRT was found here ({runtime.tensorrt_source}). "
-                            f"Serve the onnxruntime build instead, or {rebuild}")
+            problems.append(f"{built}, but no TensorRT was found here ({runtime.tensorrt_source}); "
+                            f"serve a build without TensorRT plans, or {rebuild}")
             continue
         if not runtime.compute_capabilities:
-            problems.append(f"{built}, but no GPU is visible ({runtime.gpu_source}). A plan "
-                            f"needs the GPU it was built for; start with the gpu profile.")
+            problems.append(f"{built}, but no GPU is visible ({runtime.gpu_source}); a plan needs "
+                            f"the GPU it was built for: start triton with docker-compose.gpu.yml.")
             continue
-        wrong_version = _version_key(record.version, record.model) != _version_key(
+        wrong_version = _version_key(record.version, f"model '{record.model}'") != _version_key(
             runtime.tensorrt_version, runtime.tensorrt_source
         )
-        wrong_gpus = sorted({c for c in runtime.compute_capabilities
-                             if c != record.compute_capability})
-        if wrong_version or wrong_gpus:
+        wrong_gpu = any(c != record.compute_capability for c in runtime.compute_capabilities)
+        if wrong_version or wrong_gpu:
             runs = (f"this server runs TensorRT {runtime.tensorrt_version} "
                     f"({runtime.tensorrt_source}) on GPUs with compute capability "
                     f"{', '.join(runtime.compute_capabilities)} ({runtime.gpu_source})")
-            what = " and ".join(
-                part for part, bad in (("TensorRT version", wrong_version),
-                                       ("compute capability", bool(wrong_gpus))) if bad
-            )
-            problems.append(f"{built}, but {runs}: {what} differ. {rebuild}")
+            what = {(True, False): "the TensorRT version differs",
+                    (False, True): "the compute capability differs",
+                    (True, True): "the TensorRT version and the compute capability differ"}
+            problems.append(f"{built}, but {runs}: {what[wrong_version, wrong_gpu]}; {rebuild}")
     return problems
 
 

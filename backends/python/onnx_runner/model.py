@@ -5,7 +5,6 @@
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
-
 from pipeline_ops import onnx_session
 
 
@@ -21,7 +20,9 @@ class TritonPythonModel:
             raise onnx_session.ConfigurationError(
                 f"model '{config.model_name}': parameter 'onnx_file' names {onnx_path}, which does not exist"
             )
-        session = onnx_session.make_session(onnx_path, config.intra_op_threads, config.inter_op_threads)
+        session = onnx_session.make_session(
+            onnx_path, config.intra_op_threads, config.inter_op_threads
+        )
         self.runner = onnx_session.OnnxRunner(config, session)
         self.input_names = [spec.name for spec in config.inputs]
 

@@ -112,7 +112,9 @@ class RunnerConfig:
                     f"model '{name}': parameter '{key}' must be an integer, got {raw!r}"
                 ) from None
             if value < 0:
-                raise ConfigurationError(f"model '{name}': parameter '{key}' must be >= 0, got {value}")
+                raise ConfigurationError(
+                    f"model '{name}': parameter '{key}' must be >= 0, got {value}"
+                )
             return value
 
         try:
@@ -122,7 +124,9 @@ class RunnerConfig:
                 f"model '{name}': parameter 'pad_values' is not valid JSON ({exc})"
             ) from None
         if not isinstance(pad_values, dict):
-            raise ConfigurationError(f"model '{name}': parameter 'pad_values' must be a JSON object")
+            raise ConfigurationError(
+                f"model '{name}': parameter 'pad_values' must be a JSON object"
+            )
         known = {s.name for s in inputs}
         unknown = sorted(set(pad_values) - known)
         if unknown:
@@ -270,7 +274,9 @@ class OnnxRunner:
             if value is None:
                 raise InvalidInput(f"input '{spec.name}' is missing")
             if not isinstance(value, np.ndarray):
-                raise InvalidInput(f"input '{spec.name}' must be a tensor, got {type(value).__name__}")
+                raise InvalidInput(
+                    f"input '{spec.name}' must be a tensor, got {type(value).__name__}"
+                )
             if value.dtype != spec.dtype:
                 raise InvalidInput(
                     f"input '{spec.name}' must have dtype {spec.dtype}, got {value.dtype}"
@@ -332,7 +338,9 @@ class OnnxRunner:
             index = np.asarray(chunk)
             width = int(lengths[index].max())
             feed = {
-                name: (value[index, :width] if name in {s.name for s in self._ragged} else value[index])
+                name: (
+                    value[index, :width] if name in {s.name for s in self._ragged} else value[index]
+                )
                 for name, value in batch.items()
             }
             for k, out in enumerate(self._run(feed)):
@@ -341,6 +349,8 @@ class OnnxRunner:
                 results[k][index] = out
         return dict(zip(self.output_names, results))
 
-    def run(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidInput]:
+    def run(
+        self, requests: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, np.ndarray] | InvalidInput]:
         """Answer one ``execute`` call: per request its outputs, or its own ``InvalidInput``."""
         return run_batched(requests, self.prepare, self.compute)

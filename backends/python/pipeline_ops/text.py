@@ -15,6 +15,10 @@ from .batching import InvalidInput, run_batched
 
 TEXT_INPUT = "TEXT"
 OUTPUTS = ("input_ids", "attention_mask")
+# Texts are truncated to max_length tokens, but tokenizing still reads the whole text: 1 MB took
+# ~1 s here. 256 tokens of ordinary text are 1-2 KB (at most ~26 KB: 100-character words), so
+# texts above this many UTF-8 bytes are rejected rather than tokenized only to be cut.
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 
 
 def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
@@ -48,47 +52,59 @@ def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
     return tokenizer
 
 
-def decode_texts(array: Any, name: str = TEXT_INPUT) -> list[str]:
+def decode_texts(
+    array: Any, name: str = TEXT_INPUT, max_bytes: int = DEFAULT_MAX_TEXT_BYTES
+) -> list[str]:
     """Validate one request's ``TEXT`` tensor and decode it to Python strings.
 
     Args:
         array: the request's tensor: a NumPy array of ``bytes`` (Triton's ``TYPE_STRING``) with
             shape ``[rows, 1]``.
         name: the input's name, used in error messages.
+        max_bytes: the largest accepted text, in UTF-8 bytes.
 
     Returns:
         One string per row.
 
     Raises:
         InvalidInput: wrong type, dtype or rank, an empty batch, invalid UTF-8, an empty or
-            whitespace-only text. The message names the input, the row and the problem.
+            whitespace-only text, a text above ``max_bytes``. The message names the input, the
+            row and the problem.
     """
     if not isinstance(array, np.ndarray):
-        raise InvalidInput(f"input '{name}' must be a tensor of strings, got {type(array).__name__}")
-    if array.dtype != object and array.dtype.kind != "S":
-        raise InvalidInput(f"input '{name}' must have datatype BYTES (TYPE_STRING), got {array.dtype}")
-    if array.ndim != 2 or array.shape[1] != 1:
         raise InvalidInput(
-            f"input '{name}' must have shape [batch, 1], got {list(array.shape)}"
+            f"input '{name}' must be a tensor of strings, got {type(array).__name__}"
         )
+    if array.dtype != object and array.dtype.kind != "S":
+        raise InvalidInput(
+            f"input '{name}' must have datatype BYTES (TYPE_STRING), got {array.dtype}"
+        )
+    if array.ndim != 2 or array.shape[1] != 1:
+        raise InvalidInput(f"input '{name}' must have shape [batch, 1], got {list(array.shape)}")
     if array.shape[0] == 0:
-        raise InvalidInput(f"input '{name}' holds an empty batch (shape [0, 1]); send at least one text")
+        raise InvalidInput(
+            f"input '{name}' holds an empty batch (shape [0, 1]); send at least one text"
+        )
     texts = []
     for row, value in enumerate(array[:, 0]):
         if isinstance(value, str):
-            text = value
-        elif isinstance(value, (bytes, np.bytes_)):
-            try:
-                text = bytes(value).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InvalidInput(
-                    f"input '{name}' row {row} is not valid UTF-8 "
-                    f"(byte 0x{bytes(value)[exc.start]:02x} at offset {exc.start})"
-                ) from None
-        else:
+            value = value.encode("utf-8")
+        if not isinstance(value, (bytes, np.bytes_)):
             raise InvalidInput(
                 f"input '{name}' row {row} must be bytes, got {type(value).__name__}"
             )
+        if len(value) > max_bytes:
+            raise InvalidInput(
+                f"input '{name}' row {row} is {len(value)} bytes, above the limit of {max_bytes} "
+                f"bytes (texts are truncated to the tokenizer's max_length tokens anyway)"
+            )
+        try:
+            text = bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(
+                f"input '{name}' row {row} is not valid UTF-8 "
+                f"(byte 0x{bytes(value)[exc.start]:02x} at offset {exc.start})"
+            ) from None
         if not text:
             raise InvalidInput(f"input '{name}' row {row} is an empty string")
         if not text.strip():
@@ -132,19 +148,22 @@ def tokenize_requests(
     requests: Sequence[Mapping[str, Any]],
     pad_id: int = 0,
     buckets: Sequence[int] = (),
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
 ) -> list[dict[str, np.ndarray] | InvalidInput]:
     """Tokenize the ``TEXT`` input of every request of one ``execute`` call.
 
     All valid requests are encoded together with one ``encode_batch`` call. Each request's rows
     are padded to the longest row of that request (or to a bucket, see :func:`pad_rows`), so
     requests keep their own sequence length and the encoder (ragged batching) pads once per
-    execution. Texts longer than the tokenizer's truncation length are truncated.
+    execution. Texts longer than the tokenizer's truncation length are truncated; texts above
+    ``max_text_bytes`` are rejected.
 
     Args:
         tokenizer: from :func:`load_tokenizer`.
         requests: per request, its input tensors by name; ``TEXT`` is read.
         pad_id: the id written into padded ``input_ids`` positions (their mask is 0).
         buckets: optional fixed lengths to pad to instead of each request's longest row.
+        max_text_bytes: the largest accepted text, in UTF-8 bytes.
 
     Returns:
         Per request, in order: ``{"input_ids", "attention_mask"}`` INT64 ``[rows, length]``, or
@@ -154,7 +173,7 @@ def tokenize_requests(
     def prepare(inputs: Mapping[str, Any]) -> dict[str, list[str]]:
         if TEXT_INPUT not in inputs or inputs[TEXT_INPUT] is None:
             raise InvalidInput(f"input '{TEXT_INPUT}' is missing")
-        return {"texts": decode_texts(inputs[TEXT_INPUT])}
+        return {"texts": decode_texts(inputs[TEXT_INPUT], max_bytes=max_text_bytes)}
 
     def compute(prepared: list[Mapping[str, Any]]) -> dict[str, list[list[int]]]:
         texts = [text for item in prepared for text in item["texts"]]

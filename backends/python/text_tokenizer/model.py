@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
-
 from pipeline_ops import text
 
 
@@ -14,17 +13,23 @@ class TritonPythonModel:
     """Tokenizes every request of an ``execute`` call with one batched tokenizer call."""
 
     def initialize(self, args):
-        """Read ``tokenizer_file``, ``max_length`` and optional ``length_buckets``; build the tokenizer once."""
+        """Read ``tokenizer_file``, ``max_length`` (optional: ``max_text_bytes``,
+        ``length_buckets``) and build the tokenizer once."""
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / str(args["model_version"])
         name = config.get("name", "text_tokenizer")
-        try:
-            max_length = int(params.get("max_length") or 256)
-        except ValueError:
-            raise ValueError(
-                f"model '{name}': parameter 'max_length' must be an integer, got {params['max_length']!r}"
-            ) from None
+
+        def integer(key, default):
+            try:
+                return int(params.get(key) or default)
+            except ValueError:
+                raise ValueError(
+                    f"model '{name}': parameter '{key}' must be an integer, got {params[key]!r}"
+                ) from None
+
+        max_length = integer("max_length", 256)
+        self.max_text_bytes = integer("max_text_bytes", text.DEFAULT_MAX_TEXT_BYTES)
         # Optional fixed-shape padding (comma-separated lengths). Empty: each request is padded to
         # its own longest text and the encoder's ragged batching merges requests (see docs/padding.md).
         buckets = params.get("length_buckets", "").strip()
@@ -40,7 +45,9 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, text.TEXT_INPUT)
             inputs.append({text.TEXT_INPUT: None if tensor is None else tensor.as_numpy()})
         responses = []
-        for result in text.tokenize_requests(self.tokenizer, inputs, self.pad_id, self.buckets):
+        for result in text.tokenize_requests(
+            self.tokenizer, inputs, self.pad_id, self.buckets, self.max_text_bytes
+        ):
             if isinstance(result, Exception):
                 error = pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
