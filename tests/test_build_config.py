@@ -140,3 +140,14 @@ def test_committed_project_configs_match_the_project_spec():
     if not any((root / "model_repository").glob("*/config.pbtxt")):
         pytest.skip("model_repository/ has no committed config.pbtxt yet (run tools build-repo)")
     assert check_repository(root / "repository.yaml", root / "model_repository") == []
+
+
+def test_cli_rejects_an_unknown_only_name_as_a_usage_error(tmp_path):
+    from tools.cli import cli
+
+    result = CliRunner().invoke(
+        cli, ["build-repo", "--spec", str(GOLDEN_SPEC), "--output", str(tmp_path / "out"), "--only", "nope"]
+    )
+    assert result.exit_code == 2
+    assert "--only nope: not in" in result.output
+    assert not (tmp_path / "out").exists()

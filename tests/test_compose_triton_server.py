@@ -230,3 +230,19 @@ def test_healthcheck_fails_when_a_python_stub_died(compose_triton, tmp_path):
 
     assert result.returncode == 1
     assert "model 'toy_text'" in result.stderr
+
+
+@pytest.mark.torch
+def test_healthcheck_probe_file_answers_on_the_built_repository(
+        triton_server, built_repository, tmp_path):
+    """docker/healthcheck_probes.json is a valid request for the real text_embedding pipeline."""
+    probes = json.loads((ROOT / "docker" / "healthcheck_probes.json").read_text())
+    served = ComposeTriton(f"http://{triton_server.http_url}", triton_server.pid,
+                           built_repository, [], [])
+
+    result = _healthcheck(served, built_repository, probes, tmp_path)
+
+    models = sorted(p.parent.name for p in built_repository.glob("*/config.pbtxt"))
+    assert "text_embedding" in models and set(probes) <= set(models)
+    assert result.returncode == 0, result.stderr
+    assert f"healthy: {len(models)} models ready" in result.stdout

@@ -336,6 +336,7 @@ def test_encoder_executes_batches_of_at_least_8_when_32_requests_are_concurrent(
     assert inferences == len(texts)
     mean_batch = inferences / executions
     print(
-        f"\nminilm_encoder: {inferences} inferences in {executions} executions, mean batch {mean_batch:.2f}"
+        f"\nminilm_encoder: {inferences} inferences in {executions} executions, "
+        f"mean batch {mean_batch:.2f}"
     )
     assert mean_batch >= 8, f"mean executed batch size {mean_batch:.2f} < 8"

@@ -25,7 +25,7 @@ VOCAB, WIDTH = 50, 4
 
 
 def _masked_mean_model(path):
-    """embedding = mean over unmasked positions of table[input_ids] (padding-invariant, like MiniLM)."""
+    """Mean of table[input_ids] over unmasked positions: padding-invariant, like MiniLM."""
     table = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(np.float32)
     nodes = [
         helper.make_node("Gather", ["table", "input_ids"], ["tokens"]),

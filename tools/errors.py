@@ -49,3 +49,7 @@ class InferenceError(ToolkitError):
 
 class LoadTestError(ToolkitError):
     """A load test could not run, or missed its service-level objectives."""
+
+
+class BuildError(ToolkitError):
+    """The repository build could not complete (lock held, swap failed, a stage crashed)."""

@@ -70,7 +70,7 @@ def _watch(server: EmbeddedServer, stubs: set[str]) -> list[str]:
             return dead
 
 
-def _serve_until_signal(server: EmbeddedServer, max_restarts: int) -> None:
+def _serve_until_signal(server: EmbeddedServer, max_restarts: int, start_timeout: float) -> None:
     """Announce the server and block while it runs; restart it when a Python stub dies
     (Triton 2.51 neither restarts a stub nor reports it through readiness)."""
     for restart in range(max_restarts + 1):
@@ -89,7 +89,7 @@ def _serve_until_signal(server: EmbeddedServer, max_restarts: int) -> None:
             err=True,
         )
         server.stop()
-        server.start()
+        server.start(timeout_s=start_timeout)
 
 
 @click.command("serve")
@@ -181,7 +181,7 @@ def serve(
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start(timeout_s=start_timeout)
-        _serve_until_signal(server, max_restarts)
+        _serve_until_signal(server, max_restarts, start_timeout)
     except _StopRequested as stop:
         click.echo(f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True)
     finally:

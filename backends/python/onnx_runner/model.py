@@ -18,7 +18,8 @@ class TritonPythonModel:
         onnx_path = version_dir / config.onnx_file
         if not onnx_path.is_file():
             raise onnx_session.ConfigurationError(
-                f"model '{config.model_name}': parameter 'onnx_file' names {onnx_path}, which does not exist"
+                f"model '{config.model_name}': parameter 'onnx_file' names {onnx_path}, "
+                "which does not exist"
             )
         session = onnx_session.make_session(
             onnx_path, config.intra_op_threads, config.inter_op_threads

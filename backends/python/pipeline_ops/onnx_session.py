@@ -319,7 +319,7 @@ class OnnxRunner:
         ]
 
     def compute(self, prepared: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Pad ragged inputs, run (in length-homogeneous chunks when they pay), restore row order."""
+        """Pad ragged inputs, run (in length-homogeneous chunks when they pay), keep row order."""
         batch = {}
         for spec in self.config.inputs:
             parts = [item[spec.name] for item in prepared]

@@ -30,8 +30,8 @@ class TritonPythonModel:
 
         max_length = integer("max_length", 256)
         self.max_text_bytes = integer("max_text_bytes", text.DEFAULT_MAX_TEXT_BYTES)
-        # Optional fixed-shape padding (comma-separated lengths). Empty: each request is padded to
-        # its own longest text and the encoder's ragged batching merges requests (see docs/padding.md).
+        # Optional fixed-shape padding (comma-separated lengths). Empty: each request is padded
+        # to its own longest text; the encoder's ragged batching merges requests (docs/padding.md).
         buckets = params.get("length_buckets", "").strip()
         self.buckets = tuple(int(b) for b in buckets.split(",")) if buckets else ()
         tokenizer_file = version_dir / (params.get("tokenizer_file") or "tokenizer.json")
