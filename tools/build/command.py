@@ -44,7 +44,6 @@ from tools.build.repository import (
 from tools.build.spec import (
     TARGETS,
     ModelSpec,
-    PipelineSpec,
     PythonModelSpec,
     RepoSpec,
     load_spec,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tools.build.manifest import MANIFEST_NAME, write_atomically
-from tools.errors import BuildError, SpecError, ToolkitError
+from tools.errors import BuildError, SpecError
 
 VERSION = "1"
 PIPELINE_OPS = "pipeline_ops"
