@@ -62,8 +62,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     setattr(item, f"rep_{report.when}", report)
     if report.failed and report.when in ("setup", "call"):
         for server in _servers_of(item):
-            path = server._log_path
-            if path is None or not path.exists():
+            path = server.log_path
+            if not path.exists():
                 continue
             tail = path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
             report.sections.append((f"tritonserver log {path} (last lines)", "\n".join(tail)))
@@ -91,7 +91,9 @@ def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tools.build.command import build_repository  # heavy (torch): only when needed
 
     output = tmp_path_factory.mktemp("built") / "model_repository"
-    build_repository(spec_path=REPO_ROOT / "repository.yaml", output=output, target="cpu")
+    build_repository(
+        spec_path=REPO_ROOT / "repository.yaml", output=output, target="cpu", progress=False
+    )
     return output
 
 

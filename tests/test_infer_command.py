@@ -40,7 +40,9 @@ def _infer(server: EmbeddedServer, protocol: str, *args: str):
 def test_infer_returns_the_models_output_and_latency_when_given_json_input(toy_server, protocol):
     values = [[1.5, -2.0, 3.25], [0.0, 4.0, 8.0]]
 
-    result = _infer(toy_server, protocol, "toy_double", "--input", f"INPUT0={json.dumps(values)}", "--json")
+    result = _infer(
+        toy_server, protocol, "toy_double", "--input", f"INPUT0={json.dumps(values)}", "--json"
+    )
 
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -84,10 +86,16 @@ def test_infer_sends_one_row_per_text_when_several_texts_given(toy_server):
 
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_infer_shows_a_top_k_table_when_the_model_classifies_an_image(toy_server, protocol, tmp_path):
+def test_infer_shows_a_top_k_table_when_the_model_classifies_an_image(
+    toy_server, protocol, tmp_path
+):
     image = tmp_path / "photo.bin"
     image.write_bytes(bytes(range(256)) * 3 + b"\x02" * 200)
-    labels = (Path(toy_server.model_repository) / "toy_classify" / "1" / "labels.txt").read_text().split()
+    labels = (
+        (Path(toy_server.model_repository) / "toy_classify" / "1" / "labels.txt")
+        .read_text()
+        .split()
+    )
 
     table = _infer(toy_server, protocol, "toy_classify", "--image", str(image))
     raw = _infer(toy_server, protocol, "toy_classify", "--image", str(image), "--json")
@@ -104,7 +112,9 @@ def test_infer_shows_a_top_k_table_when_the_model_classifies_an_image(toy_server
 
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_infer_fails_with_the_servers_message_when_the_model_rejects_the_input(toy_server, protocol):
+def test_infer_fails_with_the_servers_message_when_the_model_rejects_the_input(
+    toy_server, protocol
+):
     result = _infer(toy_server, protocol, "toy_text", "--text", "")
 
     assert result.exit_code == 1
@@ -129,7 +139,9 @@ def test_infer_is_a_usage_error_naming_the_missing_input(toy_server):
 
 
 def test_infer_fails_naming_the_url_when_no_server_listens():
-    result = CliRunner().invoke(cli, ["infer", "toy_double", "--input", "INPUT0=[1]", "--url", "127.0.0.1:9"])
+    result = CliRunner().invoke(
+        cli, ["infer", "toy_double", "--input", "INPUT0=[1]", "--url", "127.0.0.1:9"]
+    )
 
     assert result.exit_code == 1
     assert "cannot reach tritonserver at 127.0.0.1:9 (http)" in result.output

@@ -19,8 +19,8 @@ from tools.serve.backend_dir import (
     STUB_NAME,
     default_cache_root,
     libpython_dir,
-    pytriton_server_dir,
     python_backend_dir,
+    pytriton_server_dir,
 )
 from tools.serve.server import LOOPBACK, RESTRICTED_APIS, EmbeddedServer, failure_causes
 
@@ -170,8 +170,8 @@ def test_start_raises_naming_port_when_requested_port_is_in_use(tmp_path):
 def test_failure_causes_reads_unquoted_reason_and_first_frame_from_log_lines():
     # Two lines as tritonserver 2.51 writes them (seen in this project's server logs).
     log = (
-        'E1130 11:00:57.799076 6022 model_lifecycle.cc:642] "failed to load \'bad\' version 1: '
-        "Internal: RuntimeError: boom\\n\\nAt:\\n  /r/bad/1/model.py(3): initialize\\n\"\n"
+        "E1130 11:00:57.799076 6022 model_lifecycle.cc:642] \"failed to load 'bad' version 1: "
+        'Internal: RuntimeError: boom\\n\\nAt:\\n  /r/bad/1/model.py(3): initialize\\n"\n'
         'E1130 11:01:11.021912 6330 main.cc:257] "failed to start HTTP service: Unavailable - '
         "Socket '127.0.0.1:18010' already in use \"\n"
     )
@@ -179,7 +179,9 @@ def test_failure_causes_reads_unquoted_reason_and_first_frame_from_log_lines():
     causes = failure_causes(log)
 
     assert causes == [
-        "model 'bad' version 1 failed to load: Internal: RuntimeError: boom "
-        "(at /r/bad/1/model.py(3): initialize)",
+        (
+            "model 'bad' version 1 failed to load: Internal: RuntimeError: boom "
+            "(at /r/bad/1/model.py(3): initialize)"
+        ),
         "port 18010 (HTTP) is already in use on 127.0.0.1",
     ]

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -59,8 +58,12 @@ class ServeProcess:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True
+        ).start()
         self.endpoints = self.wait_for_endpoints(ready_timeout_s)
 
     @staticmethod
@@ -109,7 +112,10 @@ def serve_process():
 def _double_request(protocol: str, url: str, x: np.ndarray, delay_ms: float):
     module = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(url)
-    inputs = [module.InferInput("INPUT0", list(x.shape), "FP32"), module.InferInput("DELAY_MS", [1, 1], "FP32")]
+    inputs = [
+        module.InferInput("INPUT0", list(x.shape), "FP32"),
+        module.InferInput("DELAY_MS", [1, 1], "FP32"),
+    ]
     inputs[0].set_data_from_numpy(x)
     inputs[1].set_data_from_numpy(np.array([[delay_ms]], dtype=np.float32))
     try:
@@ -125,13 +131,16 @@ def test_serve_refuses_a_port_in_use_with_a_one_line_cause(toy_repository):
         port = busy.getsockname()[1]
 
         result = CliRunner().invoke(
-            cli, ["serve", "--repository", str(toy_repository), *FREE_PORTS, "--http-port", str(port)]
+            cli,
+            ["serve", "--repository", str(toy_repository), *FREE_PORTS, "--http-port", str(port)],
         )
 
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
-        f"Error: port {port} (HTTP) is already in use on 127.0.0.1; "
-        "choose another --http-port, or 0 for a free one"
+        (
+            f"Error: port {port} (HTTP) is already in use on 127.0.0.1; "
+            "choose another --http-port, or 0 for a free one"
+        )
     ]
 
 
@@ -156,6 +165,7 @@ def test_serve_refuses_a_broken_model_with_the_servers_reason_in_one_line(toy_re
     done = subprocess.run(
         [*TOOLS, "serve", "--repository", str(repo), *FREE_PORTS, "--exit-timeout", "2"],
         capture_output=True,
+        check=False,
         text=True,
         timeout=120,
     )
@@ -165,7 +175,11 @@ def test_serve_refuses_a_broken_model_with_the_servers_reason_in_one_line(toy_re
     assert len(errors) == 1, done.stderr
     assert "model 'toy_text' version 1 failed to load" in errors[0]
     assert "ValueError: tokenizer.json not found next to model.py" in errors[0]
-    assert not [p for p in psutil.process_iter(["cmdline"]) if str(repo) in " ".join(p.info["cmdline"] or [])]
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(repo) in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_leaves_no_process_behind(
@@ -175,17 +189,21 @@ def test_sigterm_lets_in_flight_requests_finish_and_leaves_no_process_behind(
     server_pid = int(serve.endpoints["pid"])
     stubs = _stubs_of(server_pid)
     assert stubs, "the toy models run in Python stubs"
-    results: dict[str, np.ndarray | BaseException] = {}
+    results: dict[str, np.ndarray | Exception] = {}
 
     def send(key: str, protocol: str, url: str, x: np.ndarray) -> None:
         try:
             results[key] = _double_request(protocol, url, x, delay_ms=2000)
-        except BaseException as exc:  # recorded and asserted below
+        except Exception as exc:  # noqa: BLE001 - recorded, asserted below
             results[key] = exc
 
-    inputs = {f"{p}-{i}": np.full((1, 4), i + 1, np.float32) for p in ("http", "grpc") for i in range(3)}
+    inputs = {
+        f"{p}-{i}": np.full((1, 4), i + 1, np.float32) for p in ("http", "grpc") for i in range(3)
+    }
     threads = [
-        threading.Thread(target=send, args=(key, key.split("-")[0], serve.endpoints[key.split("-")[0]], x))
+        threading.Thread(
+            target=send, args=(key, key.split("-")[0], serve.endpoints[key.split("-")[0]], x)
+        )
         for key, x in inputs.items()
     ]
     for thread in threads:
@@ -208,9 +226,22 @@ def test_background_start_then_stop_with_a_pid_file_leaves_nothing_behind(toy_re
     pid_file = tmp_path / "run" / "triton.pid"
 
     started = subprocess.run(
-        [*TOOLS, "serve", "--repository", str(toy_repository), *FREE_PORTS, "--background",
-         "--pid-file", str(pid_file), "--exit-timeout", "5"],
-        capture_output=True, text=True, timeout=120,
+        [
+            *TOOLS,
+            "serve",
+            "--repository",
+            str(toy_repository),
+            *FREE_PORTS,
+            "--background",
+            "--pid-file",
+            str(pid_file),
+            "--exit-timeout",
+            "5",
+        ],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
     )
     pid = int(pid_file.read_text())
     try:
@@ -220,7 +251,10 @@ def test_background_start_then_stop_with_a_pid_file_leaves_nothing_behind(toy_re
 
         stopped = subprocess.run(
             [*TOOLS, "serve", "--stop", "--pid-file", str(pid_file), "--exit-timeout", "5"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=60,
         )
     finally:
         if _alive(pid):

@@ -216,9 +216,7 @@ def test_start_raises_naming_pending_models_when_loading_exceeds_the_timeout(
     assert _processes_using(repo) == []
 
 
-def test_health_check_answers_ok_for_every_model_when_all_stubs_run(
-    server_factory, toy_repository
-):
+def test_health_check_answers_ok_for_every_model_when_all_stubs_run(server_factory, toy_repository):
     server = server_factory(toy_repository)
 
     results = health_check(server)
@@ -260,9 +258,18 @@ def test_backend_directory_of_a_running_server_is_outside_site_packages(
     server = server_factory(toy_repository)
     cmdline = psutil.Process(server.pid).cmdline()
 
-    backend = Path(next(a for a in cmdline if a.startswith("--backend-directory=")).split("=", 1)[1])
+    backend = Path(
+        next(a for a in cmdline if a.startswith("--backend-directory=")).split("=", 1)[1]
+    )
     stub_exe = Path(psutil.Process(next(iter(server.stub_processes().values()))).cmdline()[0])
 
     assert SITE_PACKAGES not in backend.resolve().parents
     assert stub_exe.parent == backend / "python"
-    assert not (SITE_PACKAGES / "pytriton" / "tritonserver" / "backends" / "python" / "triton_python_backend_stub").exists()
+    assert not (
+        SITE_PACKAGES
+        / "pytriton"
+        / "tritonserver"
+        / "backends"
+        / "python"
+        / "triton_python_backend_stub"
+    ).exists()

@@ -87,7 +87,9 @@ class Client:
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
-            raise InferenceError(f"{what} at {self.url} ({self.protocol}): {exc.message()}") from exc
+            raise InferenceError(
+                f"{what} at {self.url} ({self.protocol}): {exc.message()}"
+            ) from exc
         except OSError as exc:
             raise InferenceError(
                 f"cannot reach tritonserver at {self.url} ({self.protocol}) for {what}: {exc}; "
@@ -121,7 +123,10 @@ class Client:
             return tuple(specs)
 
         return ModelSpec(
-            model, max_batch, tensors(metadata.get("inputs", [])), tensors(metadata.get("outputs", []))
+            model,
+            max_batch,
+            tensors(metadata.get("inputs", [])),
+            tensors(metadata.get("outputs", [])),
         )
 
     def infer(self, spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> InferResult:
@@ -145,10 +150,17 @@ class Client:
             kwargs = {"client_timeout": self.timeout_s}
         start = time.perf_counter()
         result = self._call(
-            f"model '{spec.name}'", self._client.infer, spec.name, request, outputs=outputs, **kwargs
+            f"model '{spec.name}'",
+            self._client.infer,
+            spec.name,
+            request,
+            outputs=outputs,
+            **kwargs,
         )
         latency_ms = (time.perf_counter() - start) * 1000.0
-        return InferResult(spec, {o.name: result.as_numpy(o.name) for o in spec.outputs}, latency_ms)
+        return InferResult(
+            spec, {o.name: result.as_numpy(o.name) for o in spec.outputs}, latency_ms
+        )
 
     def close(self) -> None:
         """Close the underlying connection."""
@@ -248,7 +260,9 @@ def build_inputs(
             try:
                 array = np.array(parsed, dtype=_np_dtype(tensor.datatype))
             except (TypeError, ValueError) as exc:
-                raise UserInputError(f"--input {name}: not {tensor.datatype} values ({exc})") from exc
+                raise UserInputError(
+                    f"--input {name}: not {tensor.datatype} values ({exc})"
+                ) from exc
         if spec.batching and array.ndim == len(tensor.dims):
             array = array[np.newaxis, ...]
         inputs[name] = array
@@ -294,7 +308,9 @@ def render(result: InferResult) -> str:
             for k in range(rows.shape[1]):
                 index_cell = f"{int(indices.reshape(rows.shape)[r, k]):>12}  " if index_name else ""
                 score = float(scores.reshape(rows.shape)[r, k])
-                lines.append(f"  {k + 1:>4}  {index_cell}{_text(rows[r, k])[:28]:<28} {score:>10.4f}")
+                lines.append(
+                    f"  {k + 1:>4}  {index_cell}{_text(rows[r, k])[:28]:<28} {score:>10.4f}"
+                )
         shown.update(n for n in table if n)
     for out in spec.outputs:
         if out.name in shown:
@@ -338,15 +354,36 @@ def as_json(result: InferResult) -> str:
 
 @click.command("infer")
 @click.argument("model")
-@click.option("--text", "texts", multiple=True, help="Text for the model's string input; repeat for a batch.")
-@click.option("--image", "images", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="Image file whose bytes feed the model's string input; repeat for a batch.")
-@click.option("--input", "raw", multiple=True, metavar="NAME=JSON",
-              help='Any input as JSON, e.g. --input INPUT0=[1,2,3]; the batch axis is added if missing.')
+@click.option(
+    "--text", "texts", multiple=True, help="Text for the model's string input; repeat for a batch."
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Image file whose bytes feed the model's string input; repeat for a batch.",
+)
+@click.option(
+    "--input",
+    "raw",
+    multiple=True,
+    metavar="NAME=JSON",
+    help="Any input as JSON, e.g. --input INPUT0=[1,2,3]; the batch axis is added if missing.",
+)
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
-@click.option("--url", default=None, help="host:port of the server [default: 127.0.0.1:8000 (http), :8001 (grpc)].")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Network timeout in seconds.")
+@click.option(
+    "--url",
+    default=None,
+    help="host:port of the server [default: 127.0.0.1:8000 (http), :8001 (grpc)].",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Network timeout in seconds.",
+)
 @click.option("--json", "json_output", is_flag=True, help="Print outputs and latency as JSON.")
 def infer(
     model: str,

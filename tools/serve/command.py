@@ -14,9 +14,9 @@ import click
 
 from tools.errors import ServerError, UserInputError
 from tools.serve.server import (
-    _STOP_GRACE_S,
+    STOP_GRACE_S,
     EmbeddedServer,
-    _cmdline,
+    command_line,
     terminate_process_group,
 )
 
@@ -44,14 +44,14 @@ def _stop_from_pid_file(pid_file: Path, exit_timeout: int) -> None:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError) as exc:
         raise UserInputError(f"pid file {pid_file} does not hold a process id: {exc}") from exc
-    argv = _cmdline(pid)
+    argv = command_line(pid)
     if not argv or not Path(argv[0]).name.startswith("tritonserver"):
         pid_file.unlink(missing_ok=True)
         raise UserInputError(
             f"pid file {pid_file} names pid {pid}, which is not a running tritonserver "
             "(stale file removed)"
         )
-    terminate_process_group(pid, exit_timeout + _STOP_GRACE_S)
+    terminate_process_group(pid, exit_timeout + STOP_GRACE_S)
     pid_file.unlink(missing_ok=True)
     click.echo(f"stopped tritonserver pid {pid}")
 
@@ -100,28 +100,77 @@ def _serve_until_signal(server: EmbeddedServer, max_restarts: int, start_timeout
     show_default=True,
     help="Model repository to serve.",
 )
-@click.option("--http-port", type=click.IntRange(0, 65535), default=8000, show_default=True,
-              help="HTTP port on 127.0.0.1 (0: a free port).")
-@click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True,
-              help="gRPC port on 127.0.0.1 (0: a free port).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True,
-              help="Prometheus metrics port on 127.0.0.1 (0: a free port).")
-@click.option("--binary", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="tritonserver binary [default: $TRITONSERVER_BINARY, else the nvidia-pytriton wheel's].")
-@click.option("--log-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Server log file, kept after exit [default: a new file in the temp folder].")
-@click.option("--exit-timeout", type=click.IntRange(0), default=30, show_default=True,
-              help="Seconds in-flight requests get to finish on stop, before SIGKILL.")
-@click.option("--start-timeout", type=click.IntRange(1), default=300, show_default=True,
-              help="Seconds the models get to load.")
-@click.option("--max-restarts", type=click.IntRange(0), default=3, show_default=True,
-              help="Foreground only: restarts when a Python stub dies, before giving up.")
-@click.option("--background", is_flag=True,
-              help="Start, wait until ready, print the endpoints, write --pid-file and return.")
-@click.option("--stop", "stop_", is_flag=True,
-              help="Stop the server named by --pid-file (drains like SIGTERM) and remove the file.")
-@click.option("--pid-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="With --background / --stop: file holding the tritonserver pid.")
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="HTTP port on 127.0.0.1 (0: a free port).",
+)
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=8001,
+    show_default=True,
+    help="gRPC port on 127.0.0.1 (0: a free port).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=8002,
+    show_default=True,
+    help="Prometheus metrics port on 127.0.0.1 (0: a free port).",
+)
+@click.option(
+    "--binary",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="tritonserver binary [default: $TRITONSERVER_BINARY, else the nvidia-pytriton wheel's].",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Server log file, kept after exit [default: a new file in the temp folder].",
+)
+@click.option(
+    "--exit-timeout",
+    type=click.IntRange(0),
+    default=30,
+    show_default=True,
+    help="Seconds in-flight requests get to finish on stop (plus 10 s to unload), then SIGKILL.",
+)
+@click.option(
+    "--start-timeout",
+    type=click.IntRange(1),
+    default=300,
+    show_default=True,
+    help="Seconds the models get to load.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(0),
+    default=3,
+    show_default=True,
+    help="Foreground only: restarts when a Python stub dies, before giving up.",
+)
+@click.option(
+    "--background",
+    is_flag=True,
+    help="Start, wait until ready, print the endpoints, write --pid-file and return.",
+)
+@click.option(
+    "--stop",
+    "stop_",
+    is_flag=True,
+    help="Stop the server named by --pid-file (drains like SIGTERM) and remove the file.",
+)
+@click.option(
+    "--pid-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="With --background / --stop: file holding the tritonserver pid.",
+)
 def serve(
     repository: Path,
     http_port: int,
@@ -183,7 +232,9 @@ def serve(
         server.start(timeout_s=start_timeout)
         _serve_until_signal(server, max_restarts, start_timeout)
     except _StopRequested as stop:
-        click.echo(f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True)
+        click.echo(
+            f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True
+        )
     finally:
         server.stop()
         for sig, handler in previous.items():

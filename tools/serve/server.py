@@ -22,15 +22,15 @@ import urllib.request
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tools.errors import ServerError, UserInputError
 from tools.serve.backend_dir import (
     STUB_NAME,
     default_binary,
     libpython_dir,
-    pytriton_server_dir,
     python_backend_dir,
+    pytriton_server_dir,
 )
 
 LOOPBACK = "127.0.0.1"
@@ -41,7 +41,7 @@ BINARY_ENV = "TRITONSERVER_BINARY"
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 ADMIN_HEADER = "triton-forge-admin"
 _GRPC_PREFIX = "triton-grpc-protocol-"
-_STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
+STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -56,7 +56,9 @@ def resolve_binary(binary: Path | str | None = None) -> Path:
     path = Path(chosen).expanduser()
     if not path.is_file() or not os.access(path, os.X_OK):
         source = "--binary" if binary else f"${BINARY_ENV}"
-        raise UserInputError(f"tritonserver binary {path} (from {source}) is not an executable file")
+        raise UserInputError(
+            f"tritonserver binary {path} (from {source}) is not an executable file"
+        )
     return path
 
 
@@ -109,7 +111,8 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[2])
 
 
-def _cmdline(pid: int) -> list[str]:
+def command_line(pid: int) -> list[str]:
+    """The argv of a process (empty when it is gone or a zombie)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
     except OSError:
@@ -131,7 +134,7 @@ def stub_processes(pgid: int) -> dict[str, int]:
     """Python-backend stubs of a server's process group: model instance name -> pid."""
     stubs = {}
     for pid in process_group_members(pgid):
-        argv = _cmdline(pid)
+        argv = command_line(pid)
         if argv and argv[0].endswith(STUB_NAME) and len(argv) >= 3:
             stubs[argv[-2]] = pid  # argv: stub, model.py, shm..., instance name, "DEFAULT"
     return stubs
@@ -172,7 +175,9 @@ def terminate_process_group(pid: int, timeout_s: float) -> None:
             pass
         survivors = _wait_gone(leftover, 5)
         if survivors:
-            raise ServerError(f"processes {survivors} of tritonserver group {pgid} survived SIGKILL")
+            raise ServerError(
+                f"processes {survivors} of tritonserver group {pgid} survived SIGKILL"
+            )
 
 
 # ------------------------------------------------------------------------- the server's log
@@ -247,7 +252,9 @@ def failure_causes(log_text: str) -> list[str]:
         if m2 := _PORT_IN_USE.search(message):
             service, address = m2.groups()
             port = address.rsplit(":", 1)[-1]
-            causes.append(f"port {port} ({service}) is already in use on {address.rsplit(':', 1)[0]}")
+            causes.append(
+                f"port {port} ({service}) is already in use on {address.rsplit(':', 1)[0]}"
+            )
         elif m2 := _MODEL_FAILED.match(message):
             model, version, reason = m2.groups()
             causes.append(f"model '{model}' version {version} failed to load: {_one_line(reason)}")
@@ -335,6 +342,12 @@ class EmbeddedServer:
             the temp folder.
         exit_timeout_s: How long in-flight requests may take to finish when stopping.
         extra_args: More tritonserver options, appended last.
+
+    Attributes:
+        model_repository: The repository served.
+        log_path: The server's log file (tritonserver's stdout and stderr), kept after stop.
+        exit_timeout_s: Drain time given to in-flight requests on stop.
+        extra_args: The extra tritonserver options.
     """
 
     def __init__(
@@ -353,7 +366,7 @@ class EmbeddedServer:
         self._requested_ports = {"HTTP": http_port, "GRPC": grpc_port, "Metrics": metrics_port}
         self._ports: dict[str, int] = {}
         self._binary = binary
-        self._log_path = Path(log_path) if log_path is not None else None
+        self.log_path = Path(log_path) if log_path is not None else _default_log_path()
         self.exit_timeout_s = exit_timeout_s
         self.extra_args = tuple(extra_args)
         self._admin_token = secrets.token_hex(16)
@@ -377,17 +390,6 @@ class EmbeddedServer:
     def metrics_url(self) -> str:
         """``127.0.0.1:PORT`` of the Prometheus endpoint (``/metrics``)."""
         return f"{LOOPBACK}:{self._port('Metrics')}"
-
-    @property
-    def log_path(self) -> Path:
-        """The server's log file (stdout and stderr of tritonserver)."""
-        if self._log_path is None:
-            folder = Path(tempfile.gettempdir()) / "triton-forge-logs"
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log", dir=folder)
-            os.close(fd)
-            self._log_path = Path(name)
-        return self._log_path
 
     @property
     def pid(self) -> int | None:
@@ -436,14 +438,18 @@ class EmbeddedServer:
 
     # ---- command line
 
-    def backend_directory(self) -> Path:
-        """The ``--backend-directory``: the binary's own ``../backends`` for an installed server
-        (e.g. the NGC image's ``/opt/tritonserver``), else the assembled project cache folder."""
-        binary = self.binary.resolve()
-        own = binary.parent.parent / "backends"
-        if binary.parent.parent != pytriton_server_dir().resolve() and (own / "python").is_dir():
+    def _installed_backends(self) -> Path | None:
+        """``../backends`` of an installed server such as the NGC image's ``/opt/tritonserver``
+        (its Python backend brings its own stub); None for the wheel's binary."""
+        home = self.binary.resolve().parent.parent
+        own = home / "backends"
+        if home != pytriton_server_dir().resolve() and (own / "python").is_dir():
             return own
-        return python_backend_dir()
+        return None
+
+    def backend_directory(self) -> Path:
+        """The ``--backend-directory``: an installed server's own, else the project cache one."""
+        return self._installed_backends() or python_backend_dir()
 
     def command(self) -> list[str]:
         """The tritonserver command line ``start`` runs (choosing free ports if not yet done)."""
@@ -486,9 +492,10 @@ class EmbeddedServer:
         env["PATH"] = os.pathsep.join(
             p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p
         )
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p
-        )
+        if self._installed_backends() is None:  # the wheel's stub loads libpython3.X.so.1.0
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p
+            )
         return env
 
     # ---- lifecycle
@@ -497,7 +504,9 @@ class EmbeddedServer:
         repo = self.model_repository
         if not repo.is_dir():
             what = "is not a folder" if repo.exists() else "does not exist"
-            raise UserInputError(f"model repository {repo} {what} (build one with `tools build-repo`)")
+            raise UserInputError(
+                f"model repository {repo} {what} (build one with `tools build-repo`)"
+            )
         if not any(p.is_dir() for p in repo.iterdir()):
             raise UserInputError(f"model repository {repo} holds no model folder")
 
@@ -539,10 +548,13 @@ class EmbeddedServer:
             except _AutoPortTaken:
                 # a free port we picked was taken by someone else before the server bound it
                 continue
-        raise ServerError(f"could not bind free ports after 3 attempts (server log: {self.log_path})")
+        raise ServerError(
+            f"could not bind free ports after 3 attempts (server log: {self.log_path})"
+        )
 
     def _start_once(self, timeout_s: float) -> EmbeddedServer:
         cmd, env = self.command(), self.environment()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
                 cmd,
@@ -620,7 +632,7 @@ class EmbeddedServer:
         if self._proc is None:
             return
         try:
-            terminate_process_group(self._proc.pid, self.exit_timeout_s + _STOP_GRACE_S)
+            terminate_process_group(self._proc.pid, self.exit_timeout_s + STOP_GRACE_S)
         finally:
             self._finish()
 
@@ -648,7 +660,7 @@ class EmbeddedServer:
         self._proc.returncode = 0
         return pid
 
-    def __enter__(self) -> EmbeddedServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -657,6 +669,15 @@ class EmbeddedServer:
     def __repr__(self) -> str:
         where = self.http_url if self._ports else "not started"
         return f"EmbeddedServer({str(self.model_repository)!r}, {where}, pid={self.pid})"
+
+
+def _default_log_path() -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (
+        Path(tempfile.gettempdir())
+        / "triton-forge-logs"
+        / f"tritonserver-{stamp}-{secrets.token_hex(3)}.log"
+    )
 
 
 class _AutoPortTaken(ServerError):
@@ -745,7 +766,9 @@ def health_check(
             f"{base}/repository/index", method="POST", headers=headers, timeout_s=timeout_s
         )
         if status != 200:
-            raise ServerError(f"cannot list the models of {url} (HTTP {status}: {index}); name them")
+            raise ServerError(
+                f"cannot list the models of {url} (HTTP {status}: {index}); name them"
+            )
         models = [entry["name"] for entry in index]
     results: dict[str, str] = {}
     problems: list[str] = []

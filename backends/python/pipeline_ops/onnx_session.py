@@ -229,7 +229,14 @@ def plan_chunks(lengths: Sequence[int], run_overhead: int) -> list[list[int]]:
 
 
 class OnnxRunner:
-    """Validates requests against the config and runs them through one session."""
+    """Validates requests against the config and runs them through one session.
+
+    Ragged inputs (``-1`` dims) are right-padded with their ``pad_values`` to the longest request
+    of the call. For ``[rows, length]`` inputs, trailing positions where every ragged input equals
+    its pad value are treated as padding: rows are trimmed to their real length, sorted, and run in
+    the chunks :func:`plan_chunks` picks. This relies on the premise of ``pad_values``: padding
+    does not change a row's outputs.
+    """
 
     def __init__(self, config: RunnerConfig, session: Any):
         """Check that the session's inputs and outputs match the config.

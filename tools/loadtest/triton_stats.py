@@ -1,0 +1,181 @@
+"""Triton's own view of a load window, from its statistics endpoint (``/v2/models/stats``).
+
+Two snapshots (before and after) give per-model deltas: requests, executions, mean executed
+batch size, and per-request time in the queue versus compute (input + infer + output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(frozen=True)
+class ModelCounters:
+    """Cumulative counters of one model version at one instant."""
+
+    inference_count: int
+    execution_count: int
+    counts: dict[str, int]  # duration name -> request count
+    ns: dict[str, int]  # duration name -> total nanoseconds
+    batch_executions: dict[int, int]  # executed batch size -> executions
+
+
+@dataclass
+class ModelWindow:
+    """One model's activity between two snapshots, per request where it says so."""
+
+    model: str
+    requests: int
+    failed: int
+    inferences: int
+    executions: int
+    mean_batch: float | None
+    queue_ms: float | None
+    compute_ms: float | None
+    compute_input_ms: float | None
+    compute_infer_ms: float | None
+    compute_output_ms: float | None
+    request_ms: float | None
+    batch_executions: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def _int(value: Any) -> int:
+    # The gRPC client's JSON form renders uint64 counters as strings.
+    return int(value or 0)
+
+
+def parse_statistics(payload: Mapping[str, Any]) -> dict[str, ModelCounters]:
+    """Turn a ``/v2/models/stats`` response (HTTP JSON or gRPC ``as_json``) into counters.
+
+    Keys are model names; a model with several versions gets ``name:version`` keys.
+    """
+    entries = payload.get("model_stats", [])
+    names = [e.get("name", "") for e in entries]
+    out: dict[str, ModelCounters] = {}
+    for entry in entries:
+        name = entry.get("name", "")
+        key = name if names.count(name) == 1 else f"{name}:{entry.get('version', '')}"
+        stats = entry.get("inference_stats", {})
+        counts = {d: _int(stats.get(d, {}).get("count")) for d in _DURATIONS}
+        ns = {d: _int(stats.get(d, {}).get("ns")) for d in _DURATIONS}
+        batches = {
+            _int(b.get("batch_size")): _int(b.get("compute_infer", {}).get("count"))
+            for b in entry.get("batch_stats", []) or []
+        }
+        out[key] = ModelCounters(
+            inference_count=_int(entry.get("inference_count")),
+            execution_count=_int(entry.get("execution_count")),
+            counts=counts,
+            ns=ns,
+            batch_executions=batches,
+        )
+    return out
+
+
+def _per_request_ms(ns: int, count: int) -> float | None:
+    return ns / count / 1e6 if count > 0 else None
+
+
+def window(
+    before: Mapping[str, ModelCounters], after: Mapping[str, ModelCounters]
+) -> dict[str, ModelWindow]:
+    """Per-model deltas between two snapshots; models without any request are left out.
+
+    ``mean_batch`` is the change in inference count over the change in execution count, i.e. the
+    mean batch size the model actually executed. Times are means per successful request.
+    """
+    out: dict[str, ModelWindow] = {}
+    for key, end in after.items():
+        start = before.get(key)
+        if start is None:
+            start = ModelCounters(0, 0, dict.fromkeys(_DURATIONS, 0), dict.fromkeys(_DURATIONS, 0), {})
+        d_count = {d: end.counts[d] - start.counts[d] for d in _DURATIONS}
+        d_ns = {d: end.ns[d] - start.ns[d] for d in _DURATIONS}
+        requests = d_count["success"]
+        if requests == 0 and d_count["fail"] == 0:
+            continue
+        executions = end.execution_count - start.execution_count
+        inferences = end.inference_count - start.inference_count
+        compute_parts = [
+            _per_request_ms(d_ns[d], d_count[d])
+            for d in ("compute_input", "compute_infer", "compute_output")
+        ]
+        batches = {
+            size: count - start.batch_executions.get(size, 0)
+            for size, count in sorted(end.batch_executions.items())
+            if count - start.batch_executions.get(size, 0) > 0
+        }
+        out[key] = ModelWindow(
+            model=key,
+            requests=requests,
+            failed=d_count["fail"],
+            inferences=inferences,
+            executions=executions,
+            mean_batch=(inferences / executions) if executions > 0 else None,
+            queue_ms=_per_request_ms(d_ns["queue"], d_count["queue"]),
+            compute_ms=(
+                sum(p for p in compute_parts if p is not None)
+                if any(p is not None for p in compute_parts)
+                else None
+            ),
+            compute_input_ms=compute_parts[0],
+            compute_infer_ms=compute_parts[1],
+            compute_output_ms=compute_parts[2],
+            request_ms=_per_request_ms(d_ns["success"], d_count["success"]),
+            batch_executions=batches,
+        )
+    return out
+
+
+def format_window(models: Mapping[str, ModelWindow]) -> str:
+    """A table of Triton's view: per model requests, mean batch, queue vs compute per request."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    header = (
+        f"  {'model':<22} {'requests':>8} {'execs':>7} {'mean batch':>10} "
+        f"{'queue ms':>9} {'compute ms':>10} {'request ms':>10}"
+    )
+    lines = ["Triton statistics over the measured window (per request):", header]
+    for name, m in sorted(models.items()):
+        batch = "-" if m.mean_batch is None else f"{m.mean_batch:.2f}"
+        lines.append(
+            f"  {name:<22} {m.requests:>8} {m.executions:>7} {batch:>10} "
+            f"{ms(m.queue_ms):>9} {ms(m.compute_ms):>10} {ms(m.request_ms):>10}"
+        )
+    return "\n".join(lines)
+
+
+def fetch_statistics(url: str, protocol: str = "http") -> dict[str, ModelCounters]:
+    """Snapshot every model's counters from a running server.
+
+    Args:
+        url: ``host:port`` of the server's HTTP or gRPC endpoint.
+        protocol: ``http`` or ``grpc``.
+    """
+    if protocol == "grpc":
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            payload = client.get_inference_statistics(as_json=True)
+        finally:
+            client.close()
+    else:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(url)
+        try:
+            payload = client.get_inference_statistics()
+        finally:
+            client.close()
+    return parse_statistics(payload)
