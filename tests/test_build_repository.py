@@ -155,7 +155,8 @@ def test_build_writes_every_model_when_the_repository_is_empty(built):
         assert (encoder / relative).is_file(), relative
     assert (output / "text_tokenizer" / "1" / "tokenizer.json").is_file()
     assert (output / "toy_text" / "1").is_dir()
-    assert not list(output.glob(".build-*")) and not list(output.glob(".previous-*"))
+    assert not list(output.parent.glob(".model_repository.*"))
+    assert not [p for p in output.iterdir() if p.name.startswith(".") and p.is_dir()]
 
 
 def test_warmup_files_hold_real_sample_inputs_in_triton_raw_format(built):
@@ -320,13 +321,15 @@ def test_leftovers_of_a_killed_build_are_removed_and_parked_models_restored(tmp_
     dead = subprocess.Popen(["true"])
     dead.wait()
     output = tmp_path / "model_repository"
-    (output / ".build-abc" / "half_written").mkdir(parents=True)
-    (output / ".build-abc" / ".pid").write_text(str(dead.pid))
-    (output / ".previous-abc" / "toy_encoder").mkdir(parents=True)
-    (output / ".previous-abc" / "toy_encoder" / "config.pbtxt").write_text("name: 'toy_encoder'")
+    output.mkdir()
+    (tmp_path / ".model_repository.build-abc" / "half_written").mkdir(parents=True)
+    (tmp_path / ".model_repository.build-abc" / ".pid").write_text(str(dead.pid))
+    parked = tmp_path / ".model_repository.previous-abc" / "toy_encoder"
+    parked.mkdir(parents=True)
+    (parked / "config.pbtxt").write_text("name: 'toy_encoder'")
     assert recover_interrupted(output) == ["toy_encoder"]
     assert (output / "toy_encoder" / "config.pbtxt").is_file()
-    assert sorted(p.name for p in output.iterdir()) == ["toy_encoder"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_repository"]
 
 
 def test_staging_of_a_running_build_is_left_alone(tmp_path):
@@ -335,10 +338,12 @@ def test_staging_of_a_running_build_is_left_alone(tmp_path):
     from tools.build.repository import recover_interrupted
 
     output = tmp_path / "model_repository"
-    (output / ".build-live").mkdir(parents=True)
-    (output / ".build-live" / ".pid").write_text(str(os.getpid()))
+    output.mkdir()
+    staging = tmp_path / ".model_repository.build-live"
+    staging.mkdir()
+    (staging / ".pid").write_text(str(os.getpid()))
     recover_interrupted(output)
-    assert (output / ".build-live").is_dir()
+    assert staging.is_dir()
 
 
 def test_second_build_into_the_same_repository_is_refused_while_one_runs(tmp_path):

@@ -1,4 +1,4 @@
-"""Atomic model-repository writes: build in ``<output>/.build-<id>/``, swap in only on success.
+"""Atomic model-repository writes: build in a hidden sibling folder, swap in only on success.
 
 A failed build removes its staging folder and leaves every existing model folder (and the
 manifest) byte-identical. Also copies Python-backend code and data files into version folders.
@@ -19,6 +19,16 @@ from tools.errors import BuildError, SpecError
 
 VERSION = "1"
 PIPELINE_OPS = "pipeline_ops"
+
+
+def _sibling(output: Path, kind: str, build_id: str) -> Path:
+    """``<parent>/.<name>.<kind>-<id>``: beside the repository, never inside it.
+
+    Triton takes every folder inside the repository for a model, hidden ones included, so a
+    staging folder left there by a killed build would break the next server start.
+    """
+    output = Path(output)
+    return output.parent / f".{output.name}.{kind}-{build_id}"
 
 
 @contextlib.contextmanager
@@ -60,17 +70,19 @@ def recover_interrupted(output: Path) -> list[str]:
         Names of the models put back.
     """
     restored = []
-    for folder in sorted(Path(output).glob(".build-*")) + sorted(Path(output).glob(".previous-*")):
-        pid_file = folder / ".pid" if folder.name.startswith(".build-") else (
-            Path(output) / f".build-{folder.name.removeprefix('.previous-')}" / ".pid"
-        )
+    output = Path(output)
+    builds = sorted(output.parent.glob(f".{output.name}.build-*"))
+    parked_folders = sorted(output.parent.glob(f".{output.name}.previous-*"))
+    for folder in builds + parked_folders:
+        build_id = folder.name.rsplit("-", 1)[1]
+        pid_file = _sibling(output, "build", build_id) / ".pid"
         try:
             pid = int(pid_file.read_text())
         except (OSError, ValueError):
             pid = 0
         if pid and _alive(pid):
             continue
-        if folder.name.startswith(".previous-"):
+        if folder in parked_folders:
             for parked in folder.iterdir():
                 if not (Path(output) / parked.name).exists():
                     os.rename(parked, Path(output) / parked.name)
@@ -80,9 +92,9 @@ def recover_interrupted(output: Path) -> list[str]:
 
 
 class Staging:
-    """A staging folder inside the repository (same filesystem, so renames are atomic).
+    """A staging folder beside the repository (same filesystem, so renames are atomic).
 
-    Hidden (``.build-<id>``), so Triton never takes it for a model; it records the building
+    ``.<repository>.build-<id>`` lies outside the folder Triton scans; it records the building
     process's pid so that ``recover_interrupted`` can tell a dead build from a running one.
     """
 
@@ -90,7 +102,7 @@ class Staging:
         self.output = Path(output)
         self.output.mkdir(parents=True, exist_ok=True)
         self.id = uuid.uuid4().hex[:12]
-        self.root = self.output / f".build-{self.id}"
+        self.root = _sibling(self.output, "build", self.id)
         self.root.mkdir()
         (self.root / ".pid").write_text(str(os.getpid()))
         self.models: list[str] = []
@@ -112,12 +124,12 @@ class Staging:
         """Move every staged model into place, then write the manifest.
 
         Each model folder moves with one ``rename``; old folders are parked in
-        ``.previous-<id>/`` until all moves succeeded, and put back if any move fails.
+        ``.<repository>.previous-<id>/`` until all moves succeeded, and put back if any fails.
 
         Raises:
             ToolkitError: a move failed (after restoring the previous folders).
         """
-        parked = self.output / f".previous-{self.id}"
+        parked = _sibling(self.output, "previous", self.id)
         moved: list[str] = []
         try:
             for name in self.models:

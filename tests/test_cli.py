@@ -1,0 +1,42 @@
+"""The `tools` group: lazy subcommands, and errors reaching the person at one edge."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from tools.cli import _COMMANDS, cli
+
+
+def test_help_lists_every_subcommand_without_importing_torch():
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from tools.cli import cli\n"
+        "result = CliRunner().invoke(cli, ['--help'])\n"
+        "print(result.output)\n"
+        "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_NOT_IMPORTED')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    for name in _COMMANDS:
+        assert name in out.stdout
+    assert "TORCH_NOT_IMPORTED" in out.stdout
+
+
+def test_every_registered_subcommand_imports_and_has_help():
+    runner = CliRunner()
+    for name in _COMMANDS:
+        result = runner.invoke(cli, [name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert f"tools {name}" in result.output or f"{name} [OPTIONS]" in result.output
+
+
+def test_user_input_error_exits_2_with_the_subcommands_usage_line(tmp_path):
+    missing = tmp_path / "no-such-spec.yaml"
+    result = CliRunner().invoke(cli, ["build-repo", "--spec", str(missing), "--output",
+                                      str(tmp_path / "repo")])
+    assert result.exit_code == 2
+    assert "no-such-spec.yaml" in result.output
+    assert "build-repo" in result.output.splitlines()[0]
