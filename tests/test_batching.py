@@ -68,7 +68,8 @@ def test_run_batched_rejects_a_request_when_it_holds_zero_rows():
     results = run_batched(
         [{"x": np.ones((0, 3), np.float32)}, {"x": np.ones((1, 3), np.float32)}], _prepare, _double
     )
-    assert isinstance(results[0], InvalidInput) and "empty batch" in str(results[0])
+    assert isinstance(results[0], InvalidInput)
+    assert "input 'x' holds an empty batch (0 rows)" in str(results[0])
     assert results[1]["y"].shape == (1, 3)
 
 

@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.server, pytest.mark.torch]
+pytestmark = [pytest.mark.server, pytest.mark.torch, pytest.mark.timeout(600)]
 
 tritonclient_http = pytest.importorskip(
     "tritonclient.http", reason="tritonclient[http] is not installed"

@@ -84,7 +84,8 @@ def run_batched(
             item = prepare(inputs)
             n = rows_of(item)
             if n == 0:
-                raise InvalidInput("the request holds an empty batch (0 rows)")
+                names = ", ".join(f"'{name}'" for name in item)
+                raise InvalidInput(f"input {names} holds an empty batch (0 rows)")
         except InvalidInput as exc:
             results[index] = exc
             continue

@@ -33,7 +33,13 @@ class TritonPythonModel:
         # Optional fixed-shape padding (comma-separated lengths). Empty: each request is padded
         # to its own longest text; the encoder's ragged batching merges requests (docs/padding.md).
         buckets = params.get("length_buckets", "").strip()
-        self.buckets = tuple(int(b) for b in buckets.split(",")) if buckets else ()
+        try:
+            self.buckets = tuple(int(b) for b in buckets.split(",")) if buckets else ()
+        except ValueError:
+            raise ValueError(
+                f"model '{name}': parameter 'length_buckets' must be comma-separated integers, "
+                f"got {buckets!r}"
+            ) from None
         tokenizer_file = version_dir / (params.get("tokenizer_file") or "tokenizer.json")
         self.tokenizer = text.load_tokenizer(tokenizer_file, max_length)
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
