@@ -6,8 +6,10 @@ runs, and sets ``environment.process_exit_code`` (0 pass, 1 a target missed, 2 g
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,6 +25,14 @@ from tools.loadtest.slo import DEFAULT_SLO_FILE, load_slo
 logger = logging.getLogger("loadtests")
 EXIT_PASS, EXIT_SLO_MISSED, EXIT_GATE_ERROR = 0, 1, 2
 OPEN_LOOP_THROUGHPUT_SHARE = 0.95  # an open loop cannot beat its offered rate
+# Seconds the interpreter gets to exit after Locust's last word. faulthandler's watchdog is a C
+# thread: it still fires when the main thread is stuck in native code during finalisation, prints
+# every thread's stack and exits 1.
+EXIT_WATCHDOG_S = 15.0
+
+# `kill -USR1 <pid>` (the runner does so before killing a run past its hard timeout) prints every
+# thread's Python stack, even when the main thread is blocked in native code.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 class Recorder:
@@ -276,3 +286,4 @@ def _on_quit(exit_code: int, **_: Any) -> None:
     # Repeat the verdicts after Locust's own summary tables, so the last lines say why.
     for line in RECORDER.verdicts:
         print(line, file=sys.stdout, flush=True)
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)

@@ -282,16 +282,40 @@ def test_grafana_is_provisioned_with_the_prometheus_datasource_and_dashboard(com
         ROOT / "docker/grafana/provisioning").resolve()
 
 
+def test_loadtest_gates_on_the_gpu_slo_profile_once_triton_is_healthy(compose):
+    loadtest = compose["services"]["loadtest"]
+    command = loadtest["command"]
+
+    assert loadtest["profiles"] == ["load"]
+    assert command[:2] == ["tools", "loadtest"]
+    assert command[command.index("--slo-profile") + 1] == "gpu"
+    assert command[command.index("--url") + 1] == "triton:8000"
+    assert command[command.index("--grpc-url") + 1] == "triton:8001"
+    assert loadtest["depends_on"]["triton"] == {"condition": "service_healthy"}
+
+
 def test_locust_master_and_workers_run_only_in_the_load_profile(compose):
     services = compose["services"]
     master, worker = services["locust-master"], services["locust-worker"]
 
     assert master["profiles"] == worker["profiles"] == ["load"]
     assert master["depends_on"]["triton"] == {"condition": "service_healthy"}
-    # `run --rm locust-master` starts the workers too, and its exit status is the SLO gate.
+    # `run --rm locust-master` starts the workers too, and its exit status is the gate's.
     assert master["depends_on"]["locust-worker"] == {"condition": "service_started"}
     assert "--master" in master["command"] and "--worker" in worker["command"]
-    assert "http://triton:8000" in master["command"]
-    assert master["environment"]["SLO_PROFILE"] == "gpu"
+    assert master["command"][master["command"].index("--host") + 1] == "triton:8000"
+    assert master["command"][master["command"].index("--slo-profile") + 1] == "gpu"
+    assert worker["command"][worker["command"].index("--master-host") + 1] == "locust-master"
     assert all("profiles" not in services[s] for s in ("triton", "builder", "prometheus",
                                                         "grafana"))
+
+
+def test_locust_files_and_slo_profile_the_services_use_exist(compose):
+    master = compose["services"]["locust-master"]["command"]
+    locustfile = ROOT / master[master.index("-f") + 1]
+    slo = yaml.safe_load((ROOT / "loadtests" / "slo.yaml").read_text())
+
+    assert locustfile.is_file()
+    assert "gpu" in slo["profiles"]
+    user_class = _default(master[-1])
+    assert re.search(rf"^class {user_class}\(", locustfile.read_text(), re.MULTILINE)

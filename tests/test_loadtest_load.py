@@ -1,0 +1,164 @@
+"""Bounded real Locust loads against real tritonservers: the CPU SLO smoke, a gate that must
+fail, the gRPC run that must exit by itself, and open-loop arrivals that ignore a slow server.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tools.cli import cli
+from tools.loadtest.command import run_loadtests
+from tools.loadtest.gate import read_records
+from tools.loadtest.runner import RunSpec, run_locust
+from tools.loadtest.slo import DEFAULT_SLO_FILE
+
+SMOKE_WARMUP_S = 3.0
+SMOKE_DURATION_S = 8.0  # 4 runs x 11 s of load: the smoke stays under 60 s of load
+
+
+@pytest.mark.torch
+@pytest.mark.server
+@pytest.mark.load
+@pytest.mark.timeout(300)
+def test_smoke_load_passes_cpu_slo_when_both_pipelines_are_served(triton_server, tmp_path):
+    results = run_loadtests(
+        scenarios=("text_embedding", "image_classification"),
+        protocols=("http", "grpc"),
+        url=triton_server.http_url,
+        grpc_url=triton_server.grpc_url,
+        users=None,
+        rate=None,
+        duration_s=SMOKE_DURATION_S,
+        warmup_s=SMOKE_WARMUP_S,
+        slo_file=DEFAULT_SLO_FILE,
+        slo_profile="cpu",
+        report_dir=tmp_path,
+        echo_output=False,
+    )
+    verdicts = [v for r in results for v in r.verdicts]
+    assert [r.passed for r in results] == [True] * 4, "\n".join(verdicts)
+    for r in results:
+        assert not r.timed_out
+        (gated,) = r.summary["results"]
+        summary = gated["summary"]
+        # Independent check from the raw records: numpy's interpolated P99 of the same window.
+        records = read_records(r.spec.report_dir / "requests.csv")
+        window = [x.latency_ms for x in records
+                  if x.ok and SMOKE_WARMUP_S <= x.start_s < r.summary["stop_s"]]
+        assert len(window) == summary["ok"] > 50
+        independent = float(np.percentile(window, 99))
+        assert summary["latency_ms"]["p99_ms"] == pytest.approx(independent, rel=0.05)
+        assert (r.spec.report_dir / "locust.html").stat().st_size > 1000
+        triton = r.summary["triton"]
+        assert triton, "Triton's statistics view is missing"
+        assert all(m["mean_batch"] >= 1.0 for m in triton.values() if m["executions"])
+
+
+@pytest.mark.torch
+@pytest.mark.server
+@pytest.mark.load
+@pytest.mark.timeout(180)
+def test_loadtest_exits_nonzero_with_one_line_when_p99_target_is_unattainable(
+    triton_server, tmp_path
+):
+    slo = tmp_path / "slo.yaml"
+    slo.write_text(textwrap.dedent("""
+        profiles:
+          cpu:
+            scenarios:
+              text_embedding:
+                load: {users: 2}
+                http: {p99_ms: 0.001, max_error_ratio: 0.0, min_throughput_rps: 1}
+                grpc: {p99_ms: 0.001, max_error_ratio: 0.0, min_throughput_rps: 1}
+    """), encoding="utf-8")
+    result = CliRunner().invoke(cli, [
+        "loadtest", "--url", triton_server.http_url, "--scenario", "text_embedding",
+        "--protocol", "http", "--duration", "3", "--warmup", "1", "--slo-file", str(slo),
+        "--report-dir", str(tmp_path / "report"),
+    ])
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: 1 of 1 runs failed: SLO FAIL text_embedding/http (cpu profile): P99")
+    assert last.endswith("> 0.001 ms")
+    summary = (tmp_path / "report" / "text_embedding-http" / "verdict.txt").read_text()
+    assert summary.startswith("SLO FAIL")
+
+
+@pytest.mark.torch
+@pytest.mark.server
+@pytest.mark.load
+@pytest.mark.timeout(180)
+def test_grpc_locust_run_exits_by_itself_when_run_time_elapses(triton_server, tmp_path):
+    spec = RunSpec(
+        scenario="text_embedding", protocol="grpc", host=triton_server.grpc_url, users=8,
+        rate=None, duration_s=4, warmup_s=1, slo_file=DEFAULT_SLO_FILE, slo_profile="cpu",
+        report_dir=tmp_path, stats_url=triton_server.http_url,
+    )
+    result = run_locust(spec, hard_timeout_s=120)
+    log = result.log_path.read_text()
+    assert not result.timed_out
+    assert "Timeout (0:" not in log, "the exit watchdog had to end a hung interpreter"
+    assert result.summary["results"][0]["summary"]["requests"] > 0
+    # startup (imports, connect) + 5 s of load + drain + gate, on a busy 2-core machine
+    assert result.seconds < spec.warmup_s + spec.duration_s + 25, result.seconds
+
+
+_SLOW_MODEL = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.1)  # 10 requests/s at most: one instance, no batching
+        out = []
+        for request in requests:
+            emb = np.full((1, 384), 1 / np.sqrt(384), dtype=np.float32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("EMBEDDING", emb)]))
+        return out
+'''
+
+_SLOW_CONFIG = '''
+name: "text_embedding"
+backend: "python"
+max_batch_size: 1
+input [{ name: "TEXT" data_type: TYPE_STRING dims: [1] }]
+output [{ name: "EMBEDDING" data_type: TYPE_FP32 dims: [384] }]
+instance_group [{ kind: KIND_CPU count: 1 }]
+'''
+
+
+@pytest.mark.server
+@pytest.mark.load
+@pytest.mark.timeout(180)
+def test_open_loop_keeps_offered_rate_when_server_is_slower_than_arrivals(
+    server_factory, tmp_path
+):
+    repo = tmp_path / "repo"
+    (repo / "text_embedding" / "1").mkdir(parents=True)
+    (repo / "text_embedding" / "config.pbtxt").write_text(_SLOW_CONFIG)
+    (repo / "text_embedding" / "1" / "model.py").write_text(_SLOW_MODEL)
+    server = server_factory(repo)
+    rate, duration = 25.0, 4.0  # 2.5x what the server can do
+    spec = RunSpec(
+        scenario="text_embedding", protocol="http", host=server.http_url, users=None,
+        rate=rate, duration_s=duration, warmup_s=0, slo_file=DEFAULT_SLO_FILE,
+        slo_profile="cpu", report_dir=tmp_path / "report",
+    )
+    result = run_locust(spec, hard_timeout_s=120)
+    assert not result.timed_out
+    records = read_records(spec.report_dir / "requests.csv")
+    sent = [r for r in records if r.start_s < result.summary["stop_s"]]
+    assert len(sent) == pytest.approx(rate * duration, rel=0.12)
+    starts = sorted(r.start_s for r in sent)
+    assert max(np.diff(starts)) < 3 / rate, "arrivals waited for responses"
+    (gated,) = result.summary["results"]
+    assert gated["summary"]["throughput_rps"] < 12  # the server's capacity, not the offered rate
+    # latency is counted from the scheduled send time, so the backlog shows in the tail
+    assert gated["summary"]["latency_ms"]["p99_ms"] > 2000

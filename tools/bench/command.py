@@ -1,0 +1,223 @@
+"""``tools bench``: the served text pipeline against the in-process ONNX Runtime limit, one run.
+
+Measures the tokenizer + encoder in this process at several batch sizes, then ``text_embedding``
+over gRPC and HTTP at a concurrency sweep, on the same texts; prints the table, writes JSON + PNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tools.bench.inprocess import InProcessEncoder, LimitResult, measure, read_setup
+from tools.bench.served import ServedResult, measure_served
+from tools.errors import UserInputError
+
+DEFAULT_TEXTS = Path(__file__).resolve().parents[2] / "loadtests" / "data" / "texts.txt"
+
+
+def _ints(value: str, option: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError as exc:
+        raise UserInputError(f"{option}: expected comma-separated integers, got {value!r}") from exc
+    if not out or min(out) < 1:
+        raise UserInputError(f"{option}: expected integers >= 1, got {value!r}")
+    return out
+
+
+def format_table(limits: Sequence[LimitResult], served: Sequence[ServedResult]) -> str:
+    """The side-by-side table; ratio is throughput over the best in-process throughput."""
+    best = max(limits, key=lambda r: r.throughput)
+    header = (
+        f"{'what':<30} {'batch/conc':>10} {'texts/s':>9} {'P50 ms':>8} {'P99 ms':>8} "
+        f"{'enc batch':>9} {'enc queue':>9} {'ratio':>6}"
+    )
+    lines = [header, "-" * len(header)]
+
+    def fmt(v: float | None, spec: str = ".1f") -> str:
+        return "-" if v is None else format(v, spec)
+
+    for r in limits:
+        mark = " *" if r is best else ""
+        lines.append(
+            f"{r.variant + mark:<30} {'b=' + str(r.batch_size):>10} {r.throughput:>9.1f} "
+            f"{r.p50_ms:>8.1f} {r.p99_ms:>8.1f} {'-':>9} {'-':>9} "
+            f"{r.throughput / best.throughput:>6.2f}"
+        )
+    for s in served:
+        lines.append(
+            f"{'served text_embedding ' + s.protocol:<30} {'c=' + str(s.concurrency):>10} "
+            f"{s.throughput:>9.1f} {fmt(s.p50_ms):>8} {fmt(s.p99_ms):>8} "
+            f"{fmt(s.encoder_mean_batch, '.2f'):>9} {fmt(s.encoder_queue_ms):>9} "
+            f"{s.throughput / best.throughput:>6.2f}"
+        )
+    lines.append(
+        f"* limit = {best.variant}, batch {best.batch_size}: {best.throughput:.1f} texts/s. "
+        "enc batch = mean executed batch of minilm_encoder; enc queue = its mean queue ms."
+    )
+    return "\n".join(lines)
+
+
+def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], path: Path) -> None:
+    """Latency (P50 dashed, P99 solid) against throughput per protocol; limits as verticals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    colors = {"grpc": "tab:blue", "http": "tab:orange"}
+    for protocol in sorted({s.protocol for s in served}):
+        points = sorted((s for s in served if s.protocol == protocol and s.p99_ms),
+                        key=lambda s: s.concurrency)
+        xs = [s.throughput for s in points]
+        ax.plot(xs, [s.p99_ms for s in points], "o-", color=colors.get(protocol),
+                label=f"served {protocol} P99")
+        ax.plot(xs, [s.p50_ms for s in points], "s--", color=colors.get(protocol), alpha=0.6,
+                label=f"served {protocol} P50")
+        for s in points:
+            ax.annotate(f"c={s.concurrency}", (s.throughput, s.p99_ms), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+    best = max(limits, key=lambda r: r.throughput)
+    for r in limits:
+        ax.axvline(r.throughput, color="grey", linestyle=":" if r is not best else "-",
+                   linewidth=1.0 if r is not best else 1.8)
+        ax.annotate(f"{'limit ' if r is best else ''}b={r.batch_size}"
+                    f"{' chunks' if 'chunk' in r.variant else ''}",
+                    (r.throughput, 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                    va="top", ha="right", fontsize=7, color="dimgrey")
+    ax.set_xlabel("throughput (texts/s)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title("text_embedding: served vs in-process ONNX Runtime limit")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@contextlib.contextmanager
+def _server(repository: Path, url: str | None, grpc_url: str | None,
+            output: Path) -> Iterator[tuple[str, str]]:
+    if url and grpc_url:
+        yield url, grpc_url
+        return
+    from tools.serve.server import EmbeddedServer
+
+    server = EmbeddedServer(repository, log_path=output / "tritonserver.log", exit_timeout_s=10)
+    click.echo(f"starting the embedded tritonserver on {repository} ...", err=True)
+    server.start(timeout_s=300)
+    try:
+        yield server.http_url, server.grpc_url
+    finally:
+        server.stop()
+
+
+@click.command("bench")
+@click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("model_repository"), show_default=True,
+              help="Built repository: the in-process limit reads its files and settings.")
+@click.option("--url", help="HTTP host:port of a running server on the same repository "
+              "(with --grpc-url; default: start the embedded server).")
+@click.option("--grpc-url", help="gRPC host:port of that server.")
+@click.option("--texts", "texts_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=DEFAULT_TEXTS, show_default=True, help="One text per line.")
+@click.option("--batch-sizes", default="1,8,32", show_default=True,
+              help="In-process batch sizes.")
+@click.option("--concurrency", default="1,8,32", show_default=True,
+              help="Served concurrency sweep.")
+@click.option("--protocol", type=click.Choice(["grpc", "http", "both"]), default="both",
+              show_default=True)
+@click.option("--duration", type=click.FloatRange(min=1), default=15.0, show_default=True,
+              help="Measured seconds per served point.")
+@click.option("--warmup", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="Unmeasured seconds before each served point.")
+@click.option("--min-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="In-process: repeat passes over the texts for at least this long.")
+@click.option("--output", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("bench-report"), show_default=True,
+              help="Folder for bench.json and bench.png.")
+def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: Path,
+          batch_sizes: str, concurrency: str, protocol: str, duration: float, warmup: float,
+          min_seconds: float, output: Path) -> None:
+    """Measure served text_embedding against the in-process limit, in one run on this machine.
+
+    (a) The tokenizer and the exported encoder from REPOSITORY, in this process, with the
+    server's ONNX Runtime settings, at each batch size (padded to the longest text of the batch,
+    and also split into length chunks the way the served runner does). (b) text_embedding over
+    gRPC and HTTP with asyncio clients at each concurrency, one text per request. Both use the
+    same texts. The ratio column is throughput over the best in-process throughput.
+    """
+    if bool(url) != bool(grpc_url):
+        raise UserInputError("give both --url and --grpc-url, or neither (embedded server)")
+    if not texts_file.is_file():
+        raise UserInputError(f"texts file {texts_file} not found")
+    texts = [t for t in texts_file.read_text(encoding="utf-8").splitlines() if t.strip()]
+    if not texts:
+        raise UserInputError(f"texts file {texts_file} has no texts")
+    sizes = _ints(batch_sizes, "--batch-sizes")
+    levels = _ints(concurrency, "--concurrency")
+    protocols = ["grpc", "http"] if protocol == "both" else [protocol]
+    setup = read_setup(repository)
+    output.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+
+    click.echo(f"in-process limit: {len(texts)} texts, ONNX Runtime intra-op threads "
+               f"{setup.intra_op_threads}, max_length {setup.max_length}", err=True)
+    encoder = InProcessEncoder(setup)
+    limits: list[LimitResult] = []
+    for size in sizes:
+        variants = [False, True] if (size > 1 and encoder.can_chunk) else [False]
+        for chunked in variants:
+            result = measure(encoder, texts, size, chunked=chunked, min_seconds=min_seconds)
+            limits.append(result)
+            click.echo(f"  {result.variant} b={size}: {result.throughput:.1f} texts/s", err=True)
+    del encoder  # free the session's threads and memory before the server runs
+
+    served: list[ServedResult] = []
+    with _server(repository, url, grpc_url, output) as (http_url, grpc_endpoint):
+        endpoints = {"grpc": grpc_endpoint, "http": http_url}
+        for proto in protocols:
+            for level in levels:
+                result = measure_served(proto, endpoints[proto], http_url, texts, level,
+                                        warmup_s=warmup, duration_s=duration)
+                served.append(result)
+                click.echo(f"  served {proto} c={level}: {result.throughput:.1f} texts/s, "
+                           f"P99 {result.p99_ms or float('nan'):.1f} ms, errors "
+                           f"{result.errors}", err=True)
+
+    table = format_table(limits, served)
+    click.echo(table)
+    best = max(limits, key=lambda r: r.throughput)
+    best_served = max(served, key=lambda s: s.throughput)
+    payload: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "repository": str(repository.resolve()),
+        "texts_file": str(texts_file.resolve()),
+        "texts": len(texts),
+        "encoder_setup": {k: str(v) for k, v in vars(setup).items()},
+        "limit": best.to_dict(),
+        "in_process": [r.to_dict() for r in limits],
+        "served": [s.to_dict() for s in served],
+        "best_served": best_served.to_dict(),
+        "best_ratio": best_served.throughput / best.throughput,
+        "table": table,
+    }
+    (output / "bench.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    save_plot(limits, served, output / "bench.png")
+    click.echo(f"best served / limit = {payload['best_ratio']:.2f} "
+               f"({best_served.protocol} c={best_served.concurrency}); "
+               f"wrote {output / 'bench.json'} and {output / 'bench.png'}")

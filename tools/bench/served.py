@@ -1,0 +1,154 @@
+"""The served side of the benchmark: closed-loop asyncio clients at a fixed concurrency.
+
+One event loop drives ``concurrency`` workers with tritonclient's asyncio clients (gRPC or HTTP),
+one text per request, over the same texts as the in-process limit; Triton's statistics before and
+after the measured window give the encoder's mean executed batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tools.loadtest import triton_stats
+from tools.loadtest.gate import percentile
+
+MODEL = "text_embedding"
+ENCODER = "minilm_encoder"
+
+
+@dataclass
+class ServedResult:
+    """One point of the sweep: protocol and concurrency, throughput and latency."""
+
+    protocol: str
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    throughput: float
+    p50_ms: float | None
+    p99_ms: float | None
+    encoder_mean_batch: float | None
+    encoder_queue_ms: float | None
+    encoder_compute_ms: float | None
+    first_error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def _client_module(protocol: str) -> Any:
+    if protocol == "grpc":
+        import tritonclient.grpc.aio as module
+    else:
+        import tritonclient.http.aio as module
+    return module
+
+
+async def _sweep_point(
+    protocol: str,
+    url: str,
+    stats_url: str,
+    texts: Sequence[str],
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+) -> ServedResult:
+    mod = _client_module(protocol)
+    if protocol == "grpc":
+        client = mod.InferenceServerClient(url)
+        outputs = [mod.InferRequestedOutput("EMBEDDING")]
+    else:
+        client = mod.InferenceServerClient(url, conn_limit=concurrency)
+        outputs = [mod.InferRequestedOutput("EMBEDDING", binary_data=True)]
+    inputs = []
+    for text in texts:
+        item = mod.InferInput("TEXT", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
+        inputs.append([item])
+    order = itertools.cycle(range(len(inputs)))
+    latencies: list[float] = []
+    errors: list[str] = []  # one-line message of every failed request
+    start = time.perf_counter()
+    window_start, window_end = start + warmup_s, start + warmup_s + duration_s
+    snapshots: dict[str, Any] = {}
+
+    async def snapshot_at(when: float, key: str) -> None:
+        await asyncio.sleep(max(0.0, when - time.perf_counter()))
+        snapshots[key] = await asyncio.to_thread(triton_stats.fetch_statistics, stats_url, "http")
+
+    async def worker() -> None:
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= window_end:
+                return
+            try:
+                await client.infer(MODEL, inputs[next(order)], outputs=outputs)
+                error = ""
+            except Exception as exc:  # noqa: BLE001 - counted; the first one is reported
+                error = " ".join(str(exc).split())[:200] or type(exc).__name__
+            if t0 >= window_start:
+                if error:
+                    errors.append(error)
+                else:
+                    latencies.append((time.perf_counter() - t0) * 1000.0)
+
+    try:
+        before = asyncio.create_task(snapshot_at(window_start, "before"))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await before
+        snapshots["after"] = await asyncio.to_thread(
+            triton_stats.fetch_statistics, stats_url, "http"
+        )
+    finally:
+        await client.close()
+    latencies.sort()
+    encoder = triton_stats.window(snapshots["before"], snapshots["after"]).get(ENCODER)
+    return ServedResult(
+        protocol=protocol,
+        concurrency=concurrency,
+        requests=len(latencies),
+        errors=len(errors),
+        seconds=duration_s,
+        throughput=len(latencies) / duration_s,
+        p50_ms=percentile(latencies, 50) if latencies else None,
+        p99_ms=percentile(latencies, 99) if latencies else None,
+        encoder_mean_batch=encoder.mean_batch if encoder else None,
+        encoder_queue_ms=encoder.queue_ms if encoder else None,
+        encoder_compute_ms=encoder.compute_ms if encoder else None,
+        first_error=errors[0] if errors else "",
+    )
+
+
+def measure_served(
+    protocol: str,
+    url: str,
+    stats_url: str,
+    texts: Sequence[str],
+    concurrency: int,
+    *,
+    warmup_s: float = 3.0,
+    duration_s: float = 15.0,
+) -> ServedResult:
+    """Closed-loop load at ``concurrency`` for ``warmup_s`` + ``duration_s``; measure the latter.
+
+    Args:
+        protocol: ``grpc`` or ``http``.
+        url: ``host:port`` of that protocol's endpoint.
+        stats_url: ``host:port`` of the HTTP endpoint (for Triton's statistics).
+        texts: Sent in order, one per request, cycling.
+        concurrency: Requests kept in flight.
+        warmup_s: Seconds not measured at the start.
+        duration_s: Seconds measured.
+    """
+    return asyncio.run(
+        _sweep_point(protocol, url, stats_url, texts, concurrency, warmup_s, duration_s)
+    )

@@ -1,0 +1,1 @@
+"""`tools loadtest`: Locust runs gated on exact-P99 service-level objectives."""

@@ -1,0 +1,244 @@
+"""Run one Locust scenario headless in a child process, under a hard timeout, and read its gate.
+
+The child runs in its own process group; past the deadline it gets SIGUSR1 (stack dump), then
+SIGTERM, then SIGKILL for the whole group, and the run fails with a line naming its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools.errors import LoadTestError
+
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
+STARTUP_ALLOWANCE_S = 60.0  # importing locust/tritonclient and connecting, on a busy machine
+EXIT_ALLOWANCE_S = 30.0  # the gate, reports, and the in-process exit watchdog
+_PROGRESS = re.compile(r"^progress (?P<fields>(?:\w+=\S+ ?)+)$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One headless Locust run: a scenario over one protocol at one load.
+
+    Attributes:
+        scenario: ``text_embedding`` or ``image_classification``.
+        protocol: ``http`` or ``grpc``.
+        host: ``host:port`` of the endpoint of ``protocol``.
+        users: Closed-loop users (ignored when ``rate`` is set, which uses ``dispatchers``).
+        rate: Open-loop arrival rate, requests per second over all dispatchers.
+        duration_s: Measured seconds after the warm-up.
+        warmup_s: Seconds excluded from the gate at the start.
+        slo_file: SLO YAML file.
+        slo_profile: Profile in the SLO file.
+        report_dir: Where this run's reports go.
+        stats_url: ``host:port`` of Triton's HTTP endpoint for statistics (default: ``host``).
+        stop_timeout_s: How long requests in flight at the end may take to finish.
+        dispatchers: Open-loop dispatcher users sharing ``rate``.
+    """
+
+    scenario: str
+    protocol: str
+    host: str
+    users: int | None
+    rate: float | None
+    duration_s: float
+    warmup_s: float
+    slo_file: Path
+    slo_profile: str
+    report_dir: Path
+    stats_url: str = ""
+    stop_timeout_s: float = 30.0
+    dispatchers: int = 1
+
+    @property
+    def user_class(self) -> str:
+        """The locustfile's class for this scenario and protocol, e.g. ``TextEmbeddingGrpcUser``."""
+        camel = "".join(part.capitalize() for part in self.scenario.split("_"))
+        return f"{camel}{self.protocol.capitalize()}User"
+
+    @property
+    def hard_timeout_s(self) -> float:
+        """Wall-clock limit of the whole child process."""
+        return (
+            STARTUP_ALLOWANCE_S + self.warmup_s + self.duration_s + self.stop_timeout_s
+            + EXIT_ALLOWANCE_S
+        )
+
+
+@dataclass
+class RunResult:
+    """What one run produced."""
+
+    spec: RunSpec
+    exit_code: int
+    verdicts: list[str]
+    summary: dict[str, Any]
+    log_path: Path
+    seconds: float
+    timed_out: bool = False
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True when the gate passed and the child exited cleanly."""
+        return self.exit_code == 0 and not self.timed_out
+
+
+def locust_command(spec: RunSpec) -> list[str]:
+    """The child's command line (same interpreter, this project's locustfile)."""
+    users = spec.dispatchers if spec.rate else spec.users
+    if not users or users < 1:
+        raise LoadTestError(f"{spec.scenario}/{spec.protocol}: users must be >= 1, got {users}")
+    cmd = [
+        sys.executable, "-m", "locust",
+        "-f", str(LOCUSTFILE),
+        "--headless", "--only-summary",
+        "--host", spec.host,
+        "-u", str(users), "-r", str(users),
+        "-t", f"{spec.warmup_s + spec.duration_s:g}s",
+        "--stop-timeout", f"{spec.stop_timeout_s:g}",
+        "--html", str(spec.report_dir / "locust.html"),
+        "--warmup", f"{spec.warmup_s:g}",
+        "--slo-file", str(spec.slo_file),
+        "--slo-profile", spec.slo_profile,
+        "--report-dir", str(spec.report_dir),
+    ]
+    if spec.rate:
+        cmd += ["--arrival-rate", f"{spec.rate:g}"]
+    if spec.stats_url:
+        cmd += ["--stats-url", spec.stats_url, "--stats-protocol", "http"]
+    cmd.append(spec.user_class)
+    return cmd
+
+
+def parse_progress(line: str) -> dict[str, str] | None:
+    """Fields of a ``progress k=v ...`` line printed by the locustfile, else None."""
+    match = _PROGRESS.match(line.strip())
+    if not match:
+        return None
+    return dict(item.split("=", 1) for item in match.group("fields").split())
+
+
+def _kill_group(proc: subprocess.Popen, log: Any) -> None:
+    for sig, wait_s in ((signal.SIGUSR1, 1.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            if sig != signal.SIGUSR1:
+                return
+        except subprocess.TimeoutExpired:
+            continue
+    log.write(f"process group {proc.pid} did not die after SIGKILL\n")
+
+
+def run_locust(
+    spec: RunSpec,
+    *,
+    on_progress: Callable[[RunSpec, dict[str, str]], None] | None = None,
+    hard_timeout_s: float | None = None,
+) -> RunResult:
+    """Run one scenario and return its gate's result; never waits past the hard timeout.
+
+    Args:
+        spec: What to run.
+        on_progress: Called with each progress line's fields (requests, rps, p99_ms, ...).
+        hard_timeout_s: Override of ``spec.hard_timeout_s``.
+
+    Raises:
+        LoadTestError: Locust could not be started.
+    """
+    spec.report_dir.mkdir(parents=True, exist_ok=True)
+    log_path = spec.report_dir / "locust.log"
+    for stale in ("summary.json", "verdict.txt", "requests.csv", "requests.json"):
+        (spec.report_dir / stale).unlink(missing_ok=True)
+    cmd = locust_command(spec)
+    limit = hard_timeout_s if hard_timeout_s is not None else spec.hard_timeout_s
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    output: list[str] = []
+    start = time.monotonic()
+    with log_path.open("w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise LoadTestError(f"cannot start locust ({cmd[0]}): {exc}") from exc
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                fields = parse_progress(line)
+                if fields is not None:
+                    if on_progress is not None:
+                        on_progress(spec, fields)
+                    continue
+                output.append(line.rstrip("\n"))
+                log.write(line)
+                log.flush()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            log.write(f"\nhard timeout: locust still running after {limit:.0f} s; killing group\n")
+            _kill_group(proc, log)
+        reader.join(timeout=10)
+    seconds = time.monotonic() - start
+    summary_path = spec.report_dir / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    verdicts = list(summary.get("verdicts", []))
+    code = proc.returncode if proc.returncode is not None else -9
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    if timed_out:
+        verdicts.append(
+            f"LOCUST TIMEOUT {spec.scenario}/{spec.protocol}: still running after {limit:.0f} s,"
+            f" process group killed (stacks and log: {log_path})"
+        )
+    elif "Timeout (0:" in log_text and summary:
+        verdicts.append(
+            f"LOCUST EXIT HANG {spec.scenario}/{spec.protocol}: the gate ran but the interpreter"
+            f" hung while exiting; the exit watchdog ended it (stacks in {log_path})"
+        )
+    elif not summary:
+        tail = [line for line in log_text.splitlines() if line.strip()][-3:]
+        verdicts.append(
+            f"LOCUST ERROR {spec.scenario}/{spec.protocol}: exit code {code} without a gate"
+            f" summary; log {log_path}: " + " | ".join(tail)[-400:]
+        )
+    return RunResult(
+        spec=spec,
+        exit_code=code,
+        verdicts=verdicts,
+        summary=summary,
+        log_path=log_path,
+        seconds=seconds,
+        timed_out=timed_out,
+        output=output,
+    )
