@@ -64,7 +64,19 @@ def test_summarize_excludes_warmup_and_requests_sent_after_stop():
     assert summary.excluded_after_stop == 1
     assert summary.latency_ms["p99_ms"] == 108.0
     assert summary.latency_ms["max_ms"] == 109.0
-    assert summary.throughput_rps == pytest.approx(100 / 10.0)
+    # throughput counts answers arriving in the window: the two slow warm-up requests end
+    # at 5.5 s and 5.9 s, inside it; the request sent after the stop does not
+    assert summary.throughput_rps == pytest.approx(102 / 10.0)
+
+
+def test_summarize_throughput_counts_only_answers_within_the_window():
+    # 50 requests sent in 1 s, answered one every 0.2 s: only those answered by 5 s count
+    records = [_record(i * 0.02, (0.2 * (i + 1) - i * 0.02) * 1000) for i in range(50)]
+    summary = gate.summarize(
+        records, scenario="text_embedding", protocol="grpc", warmup_s=0.0, stop_s=5.0
+    )
+    assert summary.requests == 50
+    assert summary.throughput_rps == pytest.approx(25 / 5.0)
 
 
 def test_summarize_counts_errors_but_leaves_them_out_of_percentiles():

@@ -73,6 +73,7 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     colors = {"grpc": "tab:blue", "http": "tab:orange"}
@@ -98,9 +99,11 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
     ax.set_xlabel("throughput (texts/s)")
     ax.set_ylabel("latency (ms)")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_title("text_embedding: served vs in-process ONNX Runtime limit")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

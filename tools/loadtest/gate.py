@@ -115,8 +115,10 @@ def summarize(
 ) -> Summary:
     """Summarise the records whose send time lies in the window ``[warmup_s, stop_s)``.
 
-    Percentiles are over successful requests only (a fast error must not improve the tail);
-    throughput is successful requests per second of window.
+    Percentiles and the error ratio are over requests sent in the window; percentiles over the
+    successful ones only (a fast error must not improve the tail). Throughput is successful
+    responses that arrived within the window per second: a server cannot look faster than it
+    answered, even when an open loop queued more requests than it could serve.
 
     Args:
         records: All records of the run, any order.
@@ -130,6 +132,9 @@ def summarize(
     ok_latencies = sorted(r.latency_ms for r in measured if r.ok)
     errors = [r for r in measured if not r.ok]
     window_s = max(stop_s - warmup_s, 0.0)
+    completed = sum(
+        1 for r in window if r.ok and warmup_s <= r.start_s + r.latency_ms / 1000.0 <= stop_s
+    )
     kinds: dict[str, int] = {}
     for r in errors:
         kinds[r.error] = kinds.get(r.error, 0) + 1
@@ -148,7 +153,7 @@ def summarize(
         ok=len(ok_latencies),
         errors=len(errors),
         error_ratio=(len(errors) / len(measured)) if measured else 0.0,
-        throughput_rps=(len(ok_latencies) / window_s) if window_s > 0 else 0.0,
+        throughput_rps=(completed / window_s) if window_s > 0 else 0.0,
         latency_ms=latency,
         excluded_warmup=sum(1 for r in window if r.start_s < warmup_s),
         excluded_after_stop=sum(1 for r in window if r.start_s >= stop_s),

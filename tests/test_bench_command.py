@@ -1,0 +1,99 @@
+"""Tests of ``tools bench``: the table's ratio, the plot, the in-process encoder computing what the
+server computes, and one short real run against the embedded server.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tools.bench.command import DEFAULT_TEXTS, format_table, save_plot
+from tools.bench.inprocess import InProcessEncoder, LimitResult, read_setup
+from tools.bench.served import ServedResult
+from tools.cli import cli
+
+
+def _limit(batch: int, throughput: float, variant: str = "in-process, pad to longest"):
+    return LimitResult(variant=variant, batch_size=batch, texts=100, seconds=1.0,
+                       throughput=throughput, p50_ms=1.0, p99_ms=2.0)
+
+
+def _served(protocol: str, concurrency: int, throughput: float) -> ServedResult:
+    return ServedResult(protocol=protocol, concurrency=concurrency, requests=100, errors=0,
+                        seconds=1.0, throughput=throughput, p50_ms=10.0, p99_ms=20.0,
+                        encoder_mean_batch=4.0, encoder_queue_ms=1.0, encoder_compute_ms=5.0)
+
+
+def test_format_table_gives_served_over_best_limit_ratio():
+    limits = [_limit(1, 100.0), _limit(8, 200.0), _limit(32, 150.0)]
+    table = format_table(limits, [_served("grpc", 8, 170.0), _served("http", 8, 90.0)])
+    grpc_row = next(line for line in table.splitlines() if "grpc" in line)
+    http_row = next(line for line in table.splitlines() if "http" in line)
+    assert grpc_row.split()[-1] == "0.85"  # 170 / 200
+    assert http_row.split()[-1] == "0.45"  # 90 / 200
+    assert "limit = in-process, pad to longest, batch 8: 200.0 texts/s" in table
+
+
+def test_save_plot_writes_a_png(tmp_path: Path):
+    path = tmp_path / "bench.png"
+    save_plot([_limit(1, 100.0), _limit(8, 200.0)],
+              [_served("grpc", 1, 50.0), _served("grpc", 8, 150.0), _served("http", 8, 140.0)],
+              path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.torch
+@pytest.mark.server
+@pytest.mark.timeout(600)
+def test_in_process_encoder_matches_served_embeddings_when_texts_vary_in_length(triton_server):
+    import tritonclient.http as httpclient
+
+    texts = [t for t in DEFAULT_TEXTS.read_text(encoding="utf-8").splitlines() if t][:24]
+    encoder = InProcessEncoder(read_setup(triton_server.model_repository))
+    padded = encoder.encode(texts)
+    chunked = encoder.encode(texts, chunked=True)
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    try:
+        served = []
+        for text in texts:
+            item = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+            item.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+            served.append(client.infer("text_embedding", [item]).as_numpy("EMBEDDING")[0])
+    finally:
+        client.close()
+    np.testing.assert_allclose(padded, np.stack(served), atol=1e-4)
+    np.testing.assert_allclose(chunked, padded, atol=1e-4)
+
+
+@pytest.mark.torch
+@pytest.mark.server
+@pytest.mark.load
+@pytest.mark.timeout(600)
+def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_server, tmp_path):
+    texts = tmp_path / "texts.txt"
+    lines = [t for t in DEFAULT_TEXTS.read_text(encoding="utf-8").splitlines() if t][:40]
+    texts.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(cli, [
+        "bench", "--repository", str(triton_server.model_repository),
+        "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
+        "--texts", str(texts), "--batch-sizes", "1,4", "--concurrency", "1,4",
+        "--duration", "2", "--warmup", "0.5", "--min-seconds", "0", "--output", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "bench.json").read_text())
+    assert {(r["variant"].split(",")[1].strip(), r["batch_size"]) for r in report["in_process"]} >= {
+        ("pad to longest", 1), ("pad to longest", 4)}
+    assert {(s["protocol"], s["concurrency"]) for s in report["served"]} == {
+        ("grpc", 1), ("grpc", 4), ("http", 1), ("http", 4)}
+    assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
+    best = max(r["throughput"] for r in report["in_process"])
+    top = max(s["throughput"] for s in report["served"])
+    assert report["best_ratio"] == pytest.approx(top / best)
+    assert report["served"][0]["encoder_mean_batch"] == pytest.approx(1.0, abs=0.05)
+    assert (out / "bench.png").stat().st_size > 10_000
+    assert "best served / limit" in result.output
