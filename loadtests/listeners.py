@@ -268,7 +268,7 @@ def scenario_model(environment, scenario: str) -> str:
 def _on_quitting(environment, **_: Any) -> None:
     try:
         code = run_gate(environment)
-    except Exception as exc:  # noqa: BLE001 - a broken gate must fail the run, visibly
+    except Exception as exc:
         logger.exception("gate failed")
         RECORDER.verdicts = [f"GATE ERROR: {type(exc).__name__}: {exc}"]
         code = EXIT_GATE_ERROR

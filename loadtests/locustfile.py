@@ -10,16 +10,16 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import sys
+from pathlib import Path
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from loadtests import listeners  # noqa: E402,F401  (registers the gate)
-from loadtests.scenarios import SCENARIOS  # noqa: E402
-from loadtests.users import TritonGrpcUser, TritonHttpUser  # noqa: E402
+from loadtests import listeners  # noqa: F401  (registers the gate)
+from loadtests.scenarios import SCENARIOS
+from loadtests.users import TritonGrpcUser, TritonHttpUser
 
 
 class TextEmbeddingHttpUser(TritonHttpUser):

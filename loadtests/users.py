@@ -9,6 +9,7 @@ slow server cannot slow the load down and hide its latency.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 from collections.abc import Mapping
@@ -41,8 +42,7 @@ class DroppedRequest(Exception):
 def strip_scheme(url: str) -> str:
     """tritonclient wants ``host:port``: drop ``http://``/``grpc://`` and a trailing slash."""
     for prefix in ("http://", "https://", "grpc://"):
-        if url.startswith(prefix):
-            url = url[len(prefix) :]
+        url = url.removeprefix(prefix)
     return url.rstrip("/")
 
 
@@ -57,8 +57,8 @@ def close_grpc_clients() -> int:
         _OPEN_GRPC_CLIENTS.discard(client)
         try:
             client.close()
-        except Exception:  # noqa: BLE001 - best effort at shutdown
-            pass
+        except Exception as exc:  # noqa: BLE001 - best effort at shutdown, never fatal
+            logging.getLogger("loadtests").warning("closing a gRPC client failed: %s", exc)
         closed += 1
     return closed
 

@@ -17,7 +17,7 @@ from tools.loadtest.slo import DEFAULT_SLO_FILE, load_slo
 
 
 def _record(start_s: float, latency_ms: float, ok: bool = True, **kw) -> gate.RequestRecord:
-    fields = dict(scenario="text_embedding", protocol="grpc", model="text_embedding")
+    fields = {"scenario": "text_embedding", "protocol": "grpc", "model": "text_embedding"}
     fields.update(kw)
     return gate.RequestRecord(
         start_s=start_s, latency_ms=latency_ms, ok=ok, error="" if ok else "boom", **fields

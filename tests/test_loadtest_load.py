@@ -5,7 +5,6 @@ fail, the gRPC run that must exit by itself, and open-loop arrivals that ignore 
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest

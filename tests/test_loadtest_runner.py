@@ -10,16 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from tools.loadtest.runner import LOCUSTFILE, RunSpec, locust_command, parse_progress, run_locust
+from tools.loadtest.runner import (
+    LOCUSTFILE,
+    RunSpec,
+    locust_command,
+    parse_progress,
+    run_locust,
+)
 from tools.loadtest.slo import DEFAULT_SLO_FILE
 
 
 def _spec(tmp_path: Path, **kw) -> RunSpec:
-    fields = dict(
-        scenario="image_classification", protocol="grpc", host="127.0.0.1:8001", users=4,
-        rate=None, duration_s=20, warmup_s=5, slo_file=DEFAULT_SLO_FILE, slo_profile="cpu",
-        report_dir=tmp_path,
-    )
+    fields = {
+        "scenario": "image_classification", "protocol": "grpc", "host": "127.0.0.1:8001",
+        "users": 4, "rate": None, "duration_s": 20, "warmup_s": 5,
+        "slo_file": DEFAULT_SLO_FILE, "slo_profile": "cpu", "report_dir": tmp_path,
+    }
     fields.update(kw)
     return RunSpec(**fields)
 
@@ -58,7 +64,7 @@ def test_parse_progress_reads_fields_and_ignores_other_lines():
 
 
 def _locust_children(marker: str) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [int(line.split()[0]) for line in out.splitlines()[1:]
             if marker in line and "locust" in line and str(os.getpid()) != line.split()[0]]
 

@@ -149,7 +149,7 @@ def _server(repository: Path, url: str | None, grpc_url: str | None,
 @click.option("--min-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="In-process: repeat passes over the texts for at least this long.")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("bench-report"), show_default=True,
+              default=Path("reports/bench"), show_default=True,
               help="Folder for bench.json and bench.png.")
 def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: Path,
           batch_sizes: str, concurrency: str, protocol: str, duration: float, warmup: float,

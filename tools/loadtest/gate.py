@@ -215,12 +215,16 @@ def format_summary(summary: Summary) -> str:
     else:
         latency = "no successful request"
     lines = [
-        f"{summary.scenario}/{summary.protocol}: {summary.requests} requests in "
-        f"{summary.window_s:.1f} s after {summary.warmup_s:g} s warm-up "
-        f"({summary.excluded_warmup} warm-up requests excluded)",
+        (
+            f"{summary.scenario}/{summary.protocol}: {summary.requests} requests in "
+            f"{summary.window_s:.1f} s after {summary.warmup_s:g} s warm-up "
+            f"({summary.excluded_warmup} warm-up requests excluded)"
+        ),
         f"  latency ms  {latency}",
-        f"  throughput {summary.throughput_rps:.1f} req/s   errors {summary.errors} "
-        f"({summary.error_ratio:.2%})",
+        (
+            f"  throughput {summary.throughput_rps:.1f} req/s   errors {summary.errors} "
+            f"({summary.error_ratio:.2%})"
+        ),
     ]
     for kind, count in summary.error_kinds.items():
         lines.append(f"  error x{count}: {kind}")
