@@ -41,6 +41,9 @@ class Recorder:
     def __init__(self) -> None:
         self.records: list[gate.RequestRecord] = []
         self.t0: float | None = None
+        self.t0_wall: float | None = None
+        self.outbox: list[list[Any]] = []  # worker: records not yet sent to the master
+        self.final_from: set[str] = set()  # master: workers whose last records arrived
         self.t_stop: float | None = None
         self.stats_before: dict[str, Any] | None = None
         self.stats_after: dict[str, Any] | None = None
@@ -62,22 +65,101 @@ class Recorder:
         start = ctx.get("start_perf")
         if start is None or self.t0 is None:
             return
-        self.records.append(
-            gate.RequestRecord(
-                scenario=ctx.get("scenario", name),
-                protocol=request_type,
-                model=name,
-                start_s=start - self.t0,
-                latency_ms=float(response_time),
-                ok=exception is None,
-                error="" if exception is None else str(exception),
-                payload=str(ctx.get("payload", "")),
-                response_bytes=int(response_length or 0),
-            )
+        record = gate.RequestRecord(
+            scenario=ctx.get("scenario", name),
+            protocol=request_type,
+            model=name,
+            start_s=start - self.t0,
+            latency_ms=float(response_time),
+            ok=exception is None,
+            error="" if exception is None else str(exception),
+            payload=str(ctx.get("payload", "")),
+            response_bytes=int(response_length or 0),
         )
+        self.records.append(record)
+        if self.t0_wall is not None:
+            # Distributed runs: the master places records on its own clock by wall time.
+            fields = [getattr(record, f) for f in gate.RECORD_FIELDS]
+            fields[gate.RECORD_FIELDS.index("start_s")] = self.t0_wall + record.start_s
+            self.outbox.append(fields)
+
+    def add_remote(self, rows: list[list[Any]]) -> None:
+        """Master: add records a worker sent (``start_s`` there is wall-clock time)."""
+        if self.t0_wall is None:
+            return
+        at = gate.RECORD_FIELDS.index("start_s")
+        for row in rows:
+            row = list(row)
+            row[at] = row[at] - self.t0_wall
+            self.records.append(gate.RequestRecord(*row))
 
 
 RECORDER = Recorder()
+RECORDS_MESSAGE, FLUSH_MESSAGE = "triton_forge_records", "triton_forge_flush"
+STREAM_INTERVAL_S = 1.0
+
+
+def _role(environment) -> str:
+    from locust.runners import MasterRunner, WorkerRunner
+
+    if isinstance(environment.runner, MasterRunner):
+        return "master"
+    if isinstance(environment.runner, WorkerRunner):
+        return "worker"
+    return "local"
+
+
+def _send_records(environment, final: bool) -> None:
+    rows, RECORDER.outbox = RECORDER.outbox, []
+    environment.runner.send_message(
+        RECORDS_MESSAGE, {"rows": rows, "final": final, "worker": environment.runner.client_id}
+    )
+
+
+def _stream_loop(environment) -> None:
+    while True:
+        gevent.sleep(STREAM_INTERVAL_S)
+        if RECORDER.outbox:
+            _send_records(environment, final=False)
+
+
+@events.init.add_listener
+def _on_init(environment, **_: Any) -> None:
+    role = _role(environment)
+    if role == "master":
+
+        def on_records(msg, **_kw: Any) -> None:
+            RECORDER.add_remote(msg.data["rows"])
+            if msg.data["final"]:
+                RECORDER.final_from.add(msg.data["worker"])
+
+        environment.runner.register_message(RECORDS_MESSAGE, on_records)
+    elif role == "worker":
+
+        def on_flush(msg, **_kw: Any) -> None:
+            # The master is stopping: stop our users (gracefully), then send the last records.
+            def stop_and_send() -> None:
+                environment.runner.stop()
+                _send_records(environment, final=True)
+
+            gevent.spawn(stop_and_send)
+
+        environment.runner.register_message(FLUSH_MESSAGE, on_flush)
+
+
+def _collect_final_records(environment) -> None:
+    """Master: ask every worker to stop and send its last records; wait for all of them."""
+    workers = {client.id for client in environment.runner.clients.all}
+    if not workers:
+        return
+    environment.runner.send_message(FLUSH_MESSAGE, None)
+    deadline = time.monotonic() + (environment.stop_timeout or 0) + 15
+    while not workers <= RECORDER.final_from and time.monotonic() < deadline:
+        gevent.sleep(0.1)
+    missing = workers - RECORDER.final_from
+    if missing:
+        logger.warning("no final records from worker(s) %s: the last requests may be missing",
+                       ", ".join(sorted(missing)))
 
 
 @events.init_command_line_parser.add_listener
@@ -161,6 +243,12 @@ def _on_request(**kwargs: Any) -> None:
 @events.test_start.add_listener
 def _on_test_start(environment, **_: Any) -> None:
     RECORDER.t0 = time.perf_counter()
+    role = _role(environment)
+    if role != "local":
+        RECORDER.t0_wall = time.time()
+    if role == "worker":
+        RECORDER.greenlets.append(gevent.spawn(_stream_loop, environment))
+        return
     opts = _options(environment)
 
     def take_before() -> None:
@@ -181,6 +269,11 @@ def _on_test_stopping(environment, **_: Any) -> None:
 def _on_test_stop(environment, **_: Any) -> None:
     for greenlet in RECORDER.greenlets:
         greenlet.kill(block=False)
+    role = _role(environment)
+    if role == "worker":
+        return
+    if role == "master":
+        _collect_final_records(environment)
     if RECORDER.stats_before is not None:
         RECORDER.stats_after = _snapshot(environment)
 
@@ -266,6 +359,10 @@ def scenario_model(environment, scenario: str) -> str:
 
 @events.quitting.add_listener
 def _on_quitting(environment, **_: Any) -> None:
+    if _role(environment) == "worker":  # the master gates the records workers sent it
+        close_grpc_clients()
+        gc.collect()
+        return
     try:
         code = run_gate(environment)
     except Exception as exc:

@@ -4,6 +4,7 @@ fail, the gRPC run that must exit by itself, and open-loop arrivals that ignore 
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -161,3 +162,46 @@ def test_open_loop_keeps_offered_rate_when_server_is_slower_than_arrivals(
     assert gated["summary"]["throughput_rps"] < 12  # the server's capacity, not the offered rate
     # latency is counted from the scheduled send time, so the backlog shows in the tail
     assert gated["summary"]["latency_ms"]["p99_ms"] > 2000
+
+
+@pytest.mark.torch
+@pytest.mark.server
+@pytest.mark.load
+@pytest.mark.timeout(180)
+def test_distributed_run_gates_every_workers_records_when_master_stops(triton_server, tmp_path):
+    import random
+    import subprocess
+    import sys
+
+    from tools.loadtest.runner import LOCUSTFILE
+
+    port = random.randint(20000, 40000)
+    base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE)]
+    master = subprocess.Popen(
+        [*base, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+         "--headless", "--expect-workers", "2", "-u", "4", "-r", "4", "-t", "6s",
+         "--warmup", "1", "--host", triton_server.grpc_url, "--stats-url", triton_server.http_url,
+         "--stats-protocol", "http", "--stop-timeout", "10", "--report-dir", str(tmp_path),
+         "--only-summary", "--progress-interval", "0", "TextEmbeddingGrpcUser"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    workers = [
+        subprocess.Popen([*base, "--worker", "--master-host", "127.0.0.1", "--master-port",
+                          str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+        for _ in range(2)
+    ]
+    try:
+        out, _ = master.communicate(timeout=90)
+        for worker in workers:
+            worker.wait(timeout=30)
+    finally:
+        for proc in (master, *workers):
+            if proc.poll() is None:
+                proc.kill()
+    assert master.returncode in (0, 1), out  # the gate ran (pass or miss), no crash
+    locust_total = next(int(line.split()[1]) for line in out.splitlines()
+                        if line.strip().startswith("Aggregated"))
+    records = read_records(tmp_path / "requests.csv")
+    assert len(records) == locust_total > 0  # nothing lost between workers and master
+    assert re.search(r"^SLO (PASS|FAIL) text_embedding/grpc \(cpu profile\)", out, re.MULTILINE)
