@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InvalidInput
 
-class InvalidInput(ValueError):
-    """A request's input is unusable. The message names the input and the problem."""
+__all__ = ["InvalidInput", "Prepared", "concat_rows", "pad_to_longest", "rows_of", "run_batched"]
 
 
 Prepared = Mapping[str, Any]  # name -> np.ndarray (rows first) or list of per-row items

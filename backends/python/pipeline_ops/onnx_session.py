@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .batching import InvalidInput, run_batched
+from .batching import run_batched
+from .errors import ConfigurationError, InvalidInput
 
 # Triton data types (model config spelling) -> NumPy dtypes.
 TRITON_DTYPES: dict[str, Any] = {
@@ -35,10 +36,6 @@ TRITON_DTYPES: dict[str, Any] = {
 # 127 ms (0.124 ms per position), so one run's fixed cost is ~5 ms ~ 40 positions. Used to decide
 # how to split rows of different lengths into chunks (see docs/padding.md).
 DEFAULT_RUN_OVERHEAD = 40
-
-
-class ConfigurationError(ValueError):
-    """The model configuration or the ONNX file does not fit the runner; names the field."""
 
 
 @dataclass(frozen=True)
@@ -361,3 +358,21 @@ class OnnxRunner:
     ) -> list[dict[str, np.ndarray] | InvalidInput]:
         """Answer one ``execute`` call: per request its outputs, or its own ``InvalidInput``."""
         return run_batched(requests, self.prepare, self.compute)
+
+
+def load_runner(model_config: Mapping[str, Any] | str, version_dir: str | Path) -> OnnxRunner:
+    """Parse the config, open ``onnx_file`` from ``version_dir`` in one session, check the fit.
+
+    Raises:
+        ConfigurationError: the config is malformed, the file is missing, or the graph's inputs
+            and outputs do not match the config.
+    """
+    config = RunnerConfig.from_model_config(model_config)
+    onnx_path = Path(version_dir) / config.onnx_file
+    if not onnx_path.is_file():
+        raise ConfigurationError(
+            f"model '{config.model_name}': parameter 'onnx_file' names {onnx_path}, "
+            "which does not exist"
+        )
+    session = make_session(onnx_path, config.intra_op_threads, config.inter_op_threads)
+    return OnnxRunner(config, session)

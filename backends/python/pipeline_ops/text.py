@@ -5,13 +5,15 @@ tokenize every valid request of one ``execute`` call with a single ``encode_batc
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from .batching import InvalidInput, run_batched
+from .batching import run_batched
+from .errors import ConfigurationError, InvalidInput
 
 TEXT_INPUT = "TEXT"
 OUTPUTS = ("input_ids", "attention_mask")
@@ -196,3 +198,55 @@ def tokenize_requests(
             }
         )
     return out
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """What the ``text_tokenizer`` model reads from its config ``parameters``."""
+
+    tokenizer_file: Path
+    max_length: int = 256
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
+    # Optional fixed-shape padding. Empty: each request is padded to its own longest text and
+    # the encoder's ragged batching merges requests (docs/padding.md measures both).
+    buckets: tuple[int, ...] = ()
+
+    @classmethod
+    def from_parameters(
+        cls, params: Mapping[str, str], version_dir: Path, model: str
+    ) -> TokenizerSettings:
+        """Parse ``tokenizer_file`` (relative to ``version_dir``), ``max_length``,
+        ``max_text_bytes`` and ``length_buckets`` (comma-separated).
+
+        Raises:
+            ConfigurationError: a value is malformed or the tokenizer file is missing.
+        """
+
+        def integer(key: str, default: int) -> int:
+            try:
+                return int(params.get(key) or default)
+            except ValueError:
+                raise ConfigurationError(
+                    f"model '{model}': parameter '{key}' must be an integer, got {params[key]!r}"
+                ) from None
+
+        raw_buckets = params.get("length_buckets", "").strip()
+        try:
+            buckets = tuple(int(b) for b in raw_buckets.split(",")) if raw_buckets else ()
+        except ValueError:
+            raise ConfigurationError(
+                f"model '{model}': parameter 'length_buckets' must be comma-separated "
+                f"integers, got {raw_buckets!r}"
+            ) from None
+        tokenizer_file = Path(version_dir) / (params.get("tokenizer_file") or "tokenizer.json")
+        if not tokenizer_file.is_file():
+            raise ConfigurationError(
+                f"model '{model}': parameter 'tokenizer_file' names {tokenizer_file}, "
+                "which does not exist"
+            )
+        return cls(
+            tokenizer_file=tokenizer_file,
+            max_length=integer("max_length", 256),
+            max_text_bytes=integer("max_text_bytes", DEFAULT_MAX_TEXT_BYTES),
+            buckets=buckets,
+        )

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from pipeline_ops.batching import InvalidInput, Prepared, run_batched
+from pipeline_ops.batching import Prepared, run_batched
+from pipeline_ops.errors import ConfigurationError, InvalidInput
 
 INPUT_NAME = "logits"
 OUTPUTS = ("class_index", "score", "label")
@@ -105,3 +108,59 @@ def postprocess_requests(
         return {"class_index": indices, "score": scores, "label": labels[indices]}
 
     return run_batched(requests, lambda inputs: prepare_request(inputs, len(labels)), compute)
+
+
+@dataclass(frozen=True)
+class PostprocessSettings:
+    """The labels and ``k`` of the ``image_postprocess`` model, checked against its config."""
+
+    labels: np.ndarray
+    k: int
+
+    @classmethod
+    def from_model_config(
+        cls, config: Mapping[str, Any], params: Mapping[str, str], version_dir: pathlib.Path
+    ) -> PostprocessSettings:
+        """Load ``labels_file`` (relative to ``version_dir``) and check ``top_k`` and the dims.
+
+        The input must have one value per label and every output ``top_k`` values.
+
+        Raises:
+            ConfigurationError: naming the model, the parameter or tensor, and the file.
+        """
+        name = config.get("name", "image_postprocess")
+        labels_path = pathlib.Path(version_dir) / params.get("labels_file", "labels.txt")
+        if not labels_path.is_file():
+            raise ConfigurationError(f"model {name!r}: labels_file {labels_path} does not exist")
+        try:
+            labels = load_labels(labels_path)
+        except ValueError as exc:
+            raise ConfigurationError(f"model {name!r}: {exc}") from None
+        try:
+            k = int(params.get("top_k", "5"))
+        except ValueError:
+            raise ConfigurationError(
+                f"model {name!r}: parameter 'top_k' must be an integer"
+            ) from None
+        if not 1 <= k <= len(labels):
+            raise ConfigurationError(
+                f"model {name!r}: top_k={k} must be between 1 and {len(labels)} "
+                f"(the labels in {labels_path})"
+            )
+        tensors = {t["name"]: t for t in config.get("input", []) + config.get("output", [])}
+        logits = tensors.get(INPUT_NAME)
+        if logits is None or [int(d) for d in logits["dims"]] != [len(labels)]:
+            raise ConfigurationError(
+                f"model {name!r}: input {INPUT_NAME!r} must have dims [{len(labels)}], "
+                f"one per label in {labels_path}"
+            )
+        for output in OUTPUTS:
+            if output not in tensors:
+                raise ConfigurationError(f"model {name!r}: the config has no output {output!r}")
+            dims = [int(d) for d in tensors[output]["dims"]]
+            if dims != [k]:
+                raise ConfigurationError(
+                    f"model {name!r}: output {output!r} has dims {dims}, expected "
+                    f"[{k}] for top_k={k}"
+                )
+        return cls(labels=labels, k=k)
