@@ -1,10 +1,13 @@
 """config.pbtxt rendering through Triton's ModelConfig protobuf, goldens and `--check` drift.
 
-No torch needed: configs render from the spec alone.
+The cpu target is checked against the committed ``model_repository/*/config.pbtxt`` (the files
+`tools build-repo --check` guards); the gpu target, which nothing commits, against the goldens in
+``tests/golden/gpu``. Both render from the project's ``repository.yaml``. No torch needed.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -18,12 +21,14 @@ from tools.build.ensemble import render_all
 from tools.build.spec import load_spec
 from tools.errors import ConfigError
 
-GOLDEN = Path(__file__).parent / "golden"
-GOLDEN_SPEC = GOLDEN / "repository.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "repository.yaml"
+COMMITTED = ROOT / "model_repository"
+GOLDEN_GPU = Path(__file__).parent / "golden" / "gpu"
 
 
 def _rendered(target: str) -> dict[str, model_config_pb2.ModelConfig]:
-    spec = load_spec(GOLDEN_SPEC)
+    spec = load_spec(SPEC)
     return {name: c.to_message() for name, c in render_all(spec, target).items()}
 
 
@@ -51,10 +56,9 @@ def test_config_with_an_unknown_enum_value_fails_naming_the_value():
         ).to_message()
 
 
-@pytest.mark.parametrize("target", ["cpu", "gpu"], ids=["cpu_target", "gpu_target"])
-def test_rendered_configs_equal_the_golden_messages_when_target_is(target):
-    rendered = _rendered(target)
-    goldens = sorted((GOLDEN / target).glob("*.pbtxt"))
+def test_rendered_gpu_configs_equal_the_golden_messages():
+    rendered = _rendered("gpu")
+    goldens = sorted(GOLDEN_GPU.glob("*.pbtxt"))
     assert {p.stem for p in goldens} == set(rendered)
     for path in goldens:
         assert rendered[path.stem] == parse_config(path.read_text(), path), path.name
@@ -69,6 +73,16 @@ def test_cpu_encoder_is_served_by_the_python_onnx_runner_with_ragged_inputs():
     count = encoder.instance_group[0].count
     assert count * int(params["intra_op_threads"]) <= 2
     assert encoder.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+
+
+def test_cpu_onnx_runner_configs_carry_the_spec_max_of_every_dynamic_axis():
+    spec = load_spec(SPEC)
+    rendered = _rendered("cpu")
+    encoder = {k: v.string_value for k, v in rendered["minilm_encoder"].parameters.items()}
+    assert json.loads(encoder["max_dims"]) == {"input_ids": [256], "attention_mask": [256]}
+    assert spec.find("minilm_encoder").axis("sequence").max == 256
+    classifier = {k: v.string_value for k, v in rendered["efficientnet_lite0"].parameters.items()}
+    assert json.loads(classifier["max_dims"]) == {}  # fixed dims only: nothing to limit
 
 
 def test_gpu_encoder_is_a_tensorrt_plan_on_gpu_instances_without_ragged_inputs():
@@ -103,26 +117,27 @@ def test_warmup_uses_concrete_dims_for_ragged_inputs():
             assert data.input_data_file.endswith(".bin")
 
 
-def _committed(tmp_path: Path, target: str = "cpu") -> Path:
+def _committed(tmp_path: Path) -> Path:
+    """A copy of the committed cpu configs (only the config.pbtxt files)."""
     output = tmp_path / "model_repository"
-    for path in (GOLDEN / target).glob("*.pbtxt"):
-        (output / path.stem).mkdir(parents=True)
-        shutil.copy(path, output / path.stem / "config.pbtxt")
+    for path in COMMITTED.glob("*/config.pbtxt"):
+        (output / path.parent.name).mkdir(parents=True)
+        shutil.copy(path, output / path.parent.name / "config.pbtxt")
     return output
 
 
 def test_check_passes_when_committed_configs_match_the_spec(tmp_path):
     output = _committed(tmp_path)
-    result = CliRunner().invoke(build_repo, ["--spec", str(GOLDEN_SPEC), "--output", str(output), "--check"])
+    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
     assert result.exit_code == 0, result.output
-    assert check_repository(GOLDEN_SPEC, output) == []
+    assert check_repository(SPEC, output) == []
 
 
 def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
     output = _committed(tmp_path)
     path = output / "minilm_encoder" / "config.pbtxt"
     path.write_text(path.read_text().replace("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 9"))
-    result = CliRunner().invoke(build_repo, ["--spec", str(GOLDEN_SPEC), "--output", str(output), "--check"])
+    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
     assert result.exit_code != 0
     assert "-  max_queue_delay_microseconds: 9" in result.output
     assert "+  max_queue_delay_microseconds: 2000" in result.output
@@ -131,22 +146,21 @@ def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
 def test_check_reports_a_missing_config(tmp_path):
     output = _committed(tmp_path)
     shutil.rmtree(output / "text_embedding")
-    drift = check_repository(GOLDEN_SPEC, output)
+    drift = check_repository(SPEC, output)
     assert len(drift) == 1 and "text_embedding" in drift[0] and "missing" in drift[0]
 
 
 def test_committed_project_configs_match_the_project_spec():
-    root = GOLDEN.parents[1]
-    if not any((root / "model_repository").glob("*/config.pbtxt")):
-        pytest.skip("model_repository/ has no committed config.pbtxt yet (run tools build-repo)")
-    assert check_repository(root / "repository.yaml", root / "model_repository") == []
+    committed = sorted(p.parent.name for p in COMMITTED.glob("*/config.pbtxt"))
+    assert committed == sorted(load_spec(SPEC).names()), f"{COMMITTED}: run tools build-repo"
+    assert check_repository(SPEC, COMMITTED) == []
 
 
 def test_cli_rejects_an_unknown_only_name_as_a_usage_error(tmp_path):
     from tools.cli import cli
 
     result = CliRunner().invoke(
-        cli, ["build-repo", "--spec", str(GOLDEN_SPEC), "--output", str(tmp_path / "out"), "--only", "nope"]
+        cli, ["build-repo", "--spec", str(SPEC), "--output", str(tmp_path / "out"), "--only", "nope"]
     )
     assert result.exit_code == 2
     assert "--only nope: not in" in result.output

@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import jsonschema
 import pytest
@@ -56,6 +56,79 @@ def _bytes(size: str | int) -> int:
         return size
     number, unit = re.fullmatch(r"(\d+)\s*([kmg]?)b?", size.lower()).groups()
     return int(number) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+def _interpolate(value, env: dict[str, str]):
+    """Compose's ``${VAR:-default}`` / ``${VAR:?message}`` / ``${VAR}`` substitution, recursively."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if op == ":-":
+            return env.get(name) or arg
+        if op == ":?" and not env.get(name):
+            raise KeyError(f"{name}: {arg}")
+        return env.get(name, "")
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
+
+
+def _merge_service(base: dict, override: dict) -> dict:
+    """Compose's merge rules for one service: mappings merge, ``command`` is replaced, and
+    ``volumes`` are unique by ``target`` (docs.docker.com/reference/compose-file/merge)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if key == "volumes":
+            by_target = {v["target"]: v for v in base.get("volumes", [])}
+            merged[key] = list((by_target | {v["target"]: v for v in value}).values())
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = _merge_service(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _services(files: list[Path], env: dict[str, str] | None = None) -> dict[str, dict]:
+    """The services of ``docker compose -f ... -f ...`` with ``env`` set, as Compose merges them."""
+    env = {"TRITON_ADMIN_KEY": "test-key"} | (env or {})
+    services: dict[str, dict] = {}
+    for path in files:
+        for name, service in _load(path)["services"].items():
+            services[name] = _merge_service(services.get(name, {}), service)
+    return _interpolate(services, env)
+
+
+# The host folders triton may serve, for each way the docs run the stack.
+CONFIGURATIONS = {
+    "cpu host": ([COMPOSE], {}, "cpu"),
+    "cpu host, BUILD_TARGET=gpu": ([COMPOSE], {"BUILD_TARGET": "gpu"}, "gpu"),
+    "gpu host": ([COMPOSE, GPU_OVERRIDE], {}, "gpu"),
+    "gpu host, BUILD_TARGET=cpu left set": ([COMPOSE, GPU_OVERRIDE], {"BUILD_TARGET": "cpu"}, "gpu"),
+}
+
+
+def _models_mount(service: dict) -> dict:
+    (mount,) = [v for v in service["volumes"] if v["target"] == "/models"]
+    return mount
+
+
+def _host_path(service: dict, container_path: str) -> PurePosixPath:
+    """The host path (relative to the compose file) behind a container path of a service."""
+    path = PurePosixPath(container_path)
+    for mount in sorted(service.get("volumes", []), key=lambda v: -len(v["target"])):
+        target = PurePosixPath(mount["target"])
+        if mount["type"] == "bind" and (path == target or target in path.parents):
+            return PurePosixPath(mount["source"]) / path.relative_to(target)
+    raise AssertionError(f"{container_path} is on no bind mount of the service")
+
+
+def _output(builder: dict) -> str:
+    return builder["command"][builder["command"].index("--output") + 1]
 
 
 # --- validity ---------------------------------------------------------------------------------
@@ -159,12 +232,62 @@ def test_dockerfile_copies_only_files_that_exist():
 # --- triton -----------------------------------------------------------------------------------
 
 
-def test_model_repository_is_mounted_read_only_into_triton(triton):
-    mounts = [v for v in triton["volumes"] if v["target"] == "/models"]
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS))
+def test_triton_mounts_the_built_repository_of_its_target_read_only(name):
+    files, env, target = CONFIGURATIONS[name]
+    triton = _services(files, env)["triton"]
 
-    assert mounts == [{"type": "bind", "source": "./model_repository", "target": "/models",
-                       "read_only": True}]
+    assert _models_mount(triton) == {"type": "bind",
+                                     "source": f"./build/model_repositories/{target}",
+                                     "target": "/models", "read_only": True}
     assert "--model-repository=/models" in triton["command"]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS))
+def test_builder_writes_the_repository_that_triton_reads(name):
+    files, env, target = CONFIGURATIONS[name]
+    services = _services(files, env)
+    builder, triton = services["builder"], services["triton"]
+    command = builder["command"]
+
+    assert command[:2] == ["tools", "build-repo"]
+    assert command[command.index("--target") + 1] == target
+    written = _host_path(builder, _output(builder))
+    assert written == PurePosixPath(_models_mount(triton)["source"])
+    assert written.name == target, f"{written}: one folder per target, so targets never mix"
+    writable = [v for v in builder["volumes"] if v["type"] == "bind"
+                and PurePosixPath(_output(builder)).is_relative_to(v["target"])]
+    assert writable and not any(v.get("read_only") for v in writable)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS))
+def test_builder_stages_on_the_mount_it_writes_the_repository_to(name):
+    """A build stages beside the repository and rename()s each model in: across two mounts that
+    fails with EXDEV, so the output's parent must be on the same bind mount as the output."""
+    from tools.build.repository import _sibling
+
+    files, env, _ = CONFIGURATIONS[name]
+    builder = _services(files, env)["builder"]
+    output = PurePosixPath(_output(builder))
+    staging = PurePosixPath(_sibling(Path(output), "build", "x").as_posix())
+    (mount,) = [v for v in builder["volumes"] if output.is_relative_to(v["target"])]
+
+    assert output != PurePosixPath(mount["target"]), f"{output} is itself the mount point"
+    assert staging.is_relative_to(mount["target"]), f"{staging} is not on {mount['source']}"
+
+
+@pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, GPU_OVERRIDE]],
+                         ids=["base", "with-gpu-override"])
+def test_no_service_mounts_the_committed_model_repository(files):
+    """./model_repository holds the committed cpu configs that `build-repo --check` compares."""
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    for name, service in _services(files).items():
+        for mount in service.get("volumes", []):
+            source = PurePosixPath(mount["source"])
+            assert "model_repository" not in source.parts, f"{name} mounts {source}"
+            if "model_repositories" in source.parts:
+                assert source.parts[0] == "build" and "/build/" in ignored, (
+                    f"{name}: {source} is not under the git-ignored ./build")
 
 
 def test_triton_shared_memory_is_sized_for_the_python_backend(triton):
@@ -200,7 +323,7 @@ def test_admin_api_groups_are_restricted_with_an_operator_key(triton, flag):
 def test_http_input_size_is_bounded_below_tritons_default(triton):
     (size,) = _flag(triton["command"], "--http-max-input-size")
 
-    assert 0 < int(size) <= 64 << 20
+    assert 0 < int(size) < 64 << 20
 
 
 def test_triton_publishes_http_grpc_and_metrics_ports(triton):
@@ -232,9 +355,26 @@ def test_healthcheck_checks_every_model_of_the_mounted_repository(triton):
     test = triton["healthcheck"]["test"]
 
     assert test[:3] == ["CMD", "python3", "/opt/triton-forge/docker/healthcheck.py"]
-    assert test[test.index("--repository") + 1] == "/models"
+    assert test[test.index("--repository") + 1] == _models_mount(triton)["target"]
     probes = json.loads((ROOT / "docker" / "healthcheck_probes.json").read_text())
     assert "text_embedding" in probes
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS))
+def test_guard_watchdog_and_healthcheck_read_the_repository_tritonserver_serves(name):
+    files, env, _ = CONFIGURATIONS[name]
+    triton = _services(files, env)["triton"]
+    served = _models_mount(triton)["target"]
+    script = (ROOT / "docker" / Path(triton["entrypoint"][-1]).name).read_text()
+    health = triton["healthcheck"]["test"]
+
+    assert _flag(triton["command"], "--model-repository") == [served]
+    assert health[health.index("--repository") + 1] == served
+    # The entry point hands one folder to the guard and the watchdog: $MODEL_REPOSITORY or served.
+    assert "MODEL_REPOSITORY" not in (triton.get("environment") or {})
+    assert f'repository="${{MODEL_REPOSITORY:-{served}}}"' in script
+    assert re.search(r'-m tools\.serve\.trt_guard --repository "\$\{repository\}"', script)
+    assert re.search(r'triton_supervisor\.py" --repository "\$\{repository\}"', script)
 
 
 # --- the other services -----------------------------------------------------------------------
@@ -249,15 +389,6 @@ def test_gpu_reservation_lives_only_in_the_override(compose):
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert override["builder"]["command"][:4] == ["tools", "build-repo", "--target", "gpu"]
     assert "${BUILD_TARGET:-cpu}" in compose["services"]["builder"]["command"]
-
-
-def test_builder_writes_the_repository_that_triton_reads(compose):
-    builder = compose["services"]["builder"]
-    (mount,) = [v for v in builder["volumes"] if v["target"] == "/models"]
-
-    assert mount["source"] == "./model_repository" and not mount.get("read_only", False)
-    assert builder["command"][:2] == ["tools", "build-repo"]
-    assert builder["command"][builder["command"].index("--output") + 1] == "/models"
 
 
 def test_prometheus_scrapes_tritons_metrics_port(compose):

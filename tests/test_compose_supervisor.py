@@ -59,7 +59,7 @@ def test_entrypoint_refuses_to_start_the_server_when_a_plan_cannot_be_served(tmp
     assert result.returncode == 1
     assert "SERVER STARTED" not in result.stdout
     assert "model 'minilm_encoder'" in result.stderr
-    assert "docker compose run --rm builder" in result.stderr
+    assert "docker-compose.gpu.yml" in result.stderr, "points at the gpu stack (rebuild or GPU)"
 
 
 def test_entrypoint_starts_the_command_when_the_repository_has_no_plans(tmp_path):

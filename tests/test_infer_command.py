@@ -7,6 +7,10 @@ need no server.
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +190,54 @@ def test_build_inputs_names_the_models_inputs_when_given_an_unknown_one():
 def test_build_inputs_refuses_values_of_the_wrong_type():
     with pytest.raises(UserInputError, match="--input ids: not INT64 values"):
         build_inputs(_spec(), texts=["a"], raw=['ids=["one"]'])
+
+
+def _run_tools(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """``tools`` as a real process, so interpreter-exit noise (``__del__`` errors) shows too."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:8000", "give host:port without the http:// scheme"),
+        ("127.0.0.1:notaport", "is not host:port with a port from 1 to 65535"),
+        ("127.0.0.1:70000", "is not host:port with a port from 1 to 65535"),
+        ("127.0.0.1", "is not host:port with a port from 1 to 65535"),
+    ],
+)
+def test_infer_refuses_a_url_that_is_not_host_port_with_one_line_and_exit_code_2(
+    protocol, url, expected
+):
+    result = _run_tools("infer", "x", "--protocol", protocol, "--url", url)
+
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+    assert f"--url {url!r}" in errors[0] and expected in errors[0]
+    assert result.stderr.strip().endswith(errors[0])
+
+
+def test_infer_grpc_gives_up_on_model_metadata_after_timeout_when_the_server_never_answers():
+    # A socket that accepts connections but never speaks HTTP/2: without a deadline on the
+    # metadata call, gRPC waits out its own 20 s connection attempt.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        result = _run_tools("infer", "x", "--protocol", "grpc", "--url", url, "--timeout", "2")
+        seconds = time.monotonic() - start
+
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == f"Error: model 'x' at {url} (grpc): Deadline Exceeded"
+    assert seconds < 15, seconds  # 2 s deadline + interpreter start-up, far below 20 s

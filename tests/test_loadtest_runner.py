@@ -4,12 +4,18 @@ that kills a run which does not end by itself.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tools.errors import LoadTestError
+from tools.loadtest import runner
 from tools.loadtest.runner import (
     LOCUSTFILE,
     RunSpec,
@@ -48,12 +54,35 @@ def test_locust_command_uses_dispatchers_when_rate_is_given(tmp_path):
     assert cmd[cmd.index("-u") + 1] == "1"
 
 
+_LIST_USER_CLASSES = """
+import importlib.util, json, sys
+import locust  # monkey-patches like `locust -f` does, before the locustfile's gRPC set-up
+from loadtests.users import TritonGrpcUser, TritonHttpUser
+spec = importlib.util.spec_from_file_location("locustfile", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+bases = {"http": TritonHttpUser, "grpc": TritonGrpcUser}
+print(json.dumps({
+    name: [p for p, base in bases.items() if issubclass(cls, base)] + [cls.scenario.name]
+    for name, cls in vars(module).items()
+    if isinstance(cls, type) and issubclass(cls, locust.User) and cls.__module__ == "locustfile"
+}))
+"""
+
+
 def test_locustfile_defines_a_user_class_for_every_scenario_and_protocol():
-    text = LOCUSTFILE.read_text()
+    # In a child: importing locust monkey-patches the interpreter (gevent), not for pytest's.
+    out = subprocess.run(
+        [sys.executable, "-c", _LIST_USER_CLASSES, str(LOCUSTFILE)],
+        capture_output=True, text=True, timeout=120, check=True, cwd=LOCUSTFILE.parents[1],
+    ).stdout
+    classes = json.loads(out.strip().splitlines()[-1])
+    expected = {}
     for scenario in ("text_embedding", "image_classification"):
         for protocol in ("http", "grpc"):
             name = _spec(Path("."), scenario=scenario, protocol=protocol).user_class
-            assert f"class {name}(" in text
+            expected[name] = [protocol, scenario]
+    assert classes == expected
 
 
 def test_parse_progress_reads_fields_and_ignores_other_lines():
@@ -81,3 +110,74 @@ def test_run_kills_the_locust_group_when_hard_timeout_expires(tmp_path):
     assert result.seconds < 12 + 15
     assert result.verdicts[-1].startswith("LOCUST TIMEOUT image_classification/http")
     assert _locust_children(str(tmp_path / "hung-run")) == []
+
+
+def _hung_spec(report_dir: Path) -> RunSpec:
+    # Nothing listens on port 9 of loopback: every request fails fast; 2 arrivals/s keep the CPU
+    # idle while the 300 s run would go on long after the test.
+    return _spec(report_dir, protocol="http", host="127.0.0.1:9", users=None, rate=2.0,
+                 duration_s=300, warmup_s=0)
+
+
+@pytest.mark.load
+@pytest.mark.timeout(120)
+def test_run_kills_the_locust_group_and_reraises_when_interrupted(tmp_path):
+    report_dir = tmp_path / "interrupted-run"
+    seen: list[dict[str, str]] = []
+
+    def interrupt(_spec: RunSpec, fields: dict[str, str]) -> None:
+        seen.append(fields)
+        assert _locust_children(str(report_dir)), "locust should be running now"
+        raise KeyboardInterrupt  # as Ctrl-C would, at the first progress line
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_locust(_hung_spec(report_dir), on_progress=interrupt, hard_timeout_s=100)
+
+    assert len(seen) == 1
+    assert time.monotonic() - start < 60  # start-up + one progress line + kill, not 100 s
+    assert _locust_children(str(report_dir)) == []
+    assert "interrupted (KeyboardInterrupt); killing group" in (report_dir / "locust.log").read_text()
+
+
+@pytest.mark.load
+@pytest.mark.timeout(120)
+def test_ctrl_c_to_tools_loadtest_leaves_no_locust_process_behind(tmp_path):
+    report_dir = tmp_path / "sigint-report"
+    tools = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "loadtest", "--url", "127.0.0.1:9",
+         "--scenario", "image_classification", "--protocol", "http", "--rate", "2",
+         "--duration", "300", "--warmup", "0", "--report-dir", str(report_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=LOCUSTFILE.parents[1],
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _locust_children(str(report_dir)) and time.monotonic() < deadline:
+            assert tools.poll() is None, tools.communicate()
+            time.sleep(0.2)
+        assert _locust_children(str(report_dir)), "locust never started"
+        time.sleep(1.0)  # let the runner settle into waiting on the child
+        tools.send_signal(signal.SIGINT)  # Ctrl-C reaches tools only: locust has its own session
+        _, err = tools.communicate(timeout=60)
+    finally:
+        if tools.poll() is None:
+            tools.kill()
+        for pid in _locust_children(str(report_dir)):
+            os.killpg(pid, signal.SIGKILL)
+
+    assert tools.returncode != 0, err
+    assert "Traceback" not in err
+    assert _locust_children(str(report_dir)) == []
+
+
+def test_run_names_the_summary_file_when_the_run_left_it_half_written(tmp_path, monkeypatch):
+    half = '{"verdicts": ["SLO PASS text_embedding/http"], "results": [{"summa'
+    writer = f"import pathlib; pathlib.Path({str(tmp_path / 'summary.json')!r}).write_text({half!r})"
+    monkeypatch.setattr(runner, "locust_command", lambda spec: [sys.executable, "-c", writer])
+
+    with pytest.raises(LoadTestError) as caught:
+        run_locust(_spec(tmp_path), hard_timeout_s=60)
+
+    message = str(caught.value)
+    assert message.startswith(f"gate summary {tmp_path / 'summary.json'} is unreadable or not JSON")
+    assert "\n" not in message

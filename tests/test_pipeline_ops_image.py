@@ -13,6 +13,7 @@ import pytest
 from PIL import Image, ImageFile
 from pipeline_ops import image, topk
 from pipeline_ops.batching import InvalidInput
+from pipeline_ops.errors import ConfigurationError
 
 IMAGES = pathlib.Path(__file__).parent / "data" / "images"
 LABELS = (
@@ -217,10 +218,6 @@ def test_preprocess_rejects_truncated_jpeg_at_every_cut_when_data_ends_early():
             image.preprocess(data[:cut], SETTINGS)
 
 
-def test_truncated_images_are_not_loaded_padded_when_module_is_imported():
-    assert ImageFile.LOAD_TRUNCATED_IMAGES is False
-
-
 def test_oversized_image_is_rejected_before_any_pixel_is_decoded(monkeypatch):
     def refuse(self):
         raise AssertionError("pixels were decoded")
@@ -302,18 +299,20 @@ def test_preprocess_requests_fails_only_the_bad_request_when_batch_mixes_good_an
         ({"max_pixels": "0"}, "parameter 'max_pixels' must be positive"),
         (
             {"image_size": "300", "resize_shorter": "256"},
-            "'resize_shorter' \\(256\\) must be at least",
+            "parameter 'resize_shorter' \\(256\\) must be at least",
         ),
     ],
 )
-def test_settings_from_parameters_raise_naming_the_parameter_when_value_is_bad(parameters, message):
-    with pytest.raises(ValueError, match=message):
-        image.PreprocessSettings.from_parameters(parameters)
+def test_settings_from_parameters_raise_configuration_error_naming_model_and_parameter(
+    parameters, message
+):
+    with pytest.raises(ConfigurationError, match="model 'image_preprocess': " + message):
+        image.PreprocessSettings.from_parameters(parameters, "image_preprocess")
 
 
 def test_settings_from_parameters_parse_strings_when_values_are_valid():
     settings = image.PreprocessSettings.from_parameters(
-        {"image_size": "192", "max_pixels": "1000000"}
+        {"image_size": "192", "max_pixels": "1000000"}, "image_preprocess"
     )
     assert settings == image.PreprocessSettings(
         image_size=192, resize_shorter=256, max_pixels=1_000_000

@@ -1,27 +1,28 @@
 """Specification of pipeline_ops.onnx_session: config parsing, the session options, ragged padding,
-length chunking and per-request validation, on small real ONNX graphs run by ONNX Runtime."""
+length chunking, per-request validation (``max_dims`` included) and per-request run failures, on
+small real ONNX graphs run by ONNX Runtime."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import onnx
 import pytest
-
-onnx = pytest.importorskip("onnx", reason="onnx is not installed")
-pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from pipeline_ops.batching import InvalidInput  # noqa: E402
-from pipeline_ops.onnx_session import (  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
+from pipeline_ops.batching import InvalidInput
+from pipeline_ops.onnx_session import (
+    TRITON_DTYPES,
     ConfigurationError,
     OnnxRunner,
     RunnerConfig,
     make_session,
-    pad_stack,
     plan_chunks,
 )
 
-VOCAB, WIDTH = 50, 4
+from tools.build.spec import DTYPES
+
+VOCAB, WIDTH, MAX_LENGTH = 50, 4, 64
 
 
 def _masked_mean_model(path):
@@ -73,6 +74,7 @@ def _encoder_config(**params):
         "onnx_file": "model.onnx",
         "intra_op_threads": "1",
         "pad_values": json.dumps({"input_ids": 0, "attention_mask": 0}),
+        "max_dims": json.dumps({"input_ids": [MAX_LENGTH], "attention_mask": [MAX_LENGTH]}),
         **params,
     }
     return {
@@ -135,6 +137,7 @@ def test_from_model_config_reads_names_dtypes_dims_and_parameters():
     assert config.outputs[0].dtype == np.float32 and config.outputs[0].dims == (WIDTH,)
     assert (config.intra_op_threads, config.inter_op_threads) == (2, 1)
     assert config.pad_values == {"input_ids": 0, "attention_mask": 0}
+    assert config.max_dims == {"input_ids": (MAX_LENGTH,), "attention_mask": (MAX_LENGTH,)}
     assert config.onnx_file == "model.onnx"
 
 
@@ -147,6 +150,20 @@ def test_from_model_config_reads_names_dtypes_dims_and_parameters():
         (
             {"pad_values": '{"input_ids": 0, "attention_mask": 0, "typo": 0}'},
             "unknown inputs ['typo']",
+        ),
+        ({"max_dims": "{}"}, "have variable dims but no entry in parameter 'max_dims'"),
+        ({"max_dims": "[256]"}, "'max_dims' must be a JSON object"),
+        (
+            {"max_dims": '{"input_ids": [256], "attention_mask": [256], "typo": [1]}'},
+            "'max_dims' names unknown inputs ['typo']",
+        ),
+        (
+            {"max_dims": '{"input_ids": [256, 2], "attention_mask": [256]}'},
+            "'max_dims' entry 'input_ids' must list a positive size for each of its dims [-1]",
+        ),
+        (
+            {"max_dims": '{"input_ids": [0], "attention_mask": [256]}'},
+            "'max_dims' entry 'input_ids' must list a positive size",
         ),
         ({"intra_op_threads": "two"}, "'intra_op_threads' must be an integer"),
         ({"inter_op_threads": "-1"}, "'inter_op_threads' must be >= 0"),
@@ -183,6 +200,9 @@ def test_runner_raises_when_config_names_an_input_missing_from_the_graph(tmp_pat
     config["parameters"]["pad_values"]["string_value"] = json.dumps(
         {"input_ids": 0, "token_type_ids": 0}
     )
+    config["parameters"]["max_dims"]["string_value"] = json.dumps(
+        {"input_ids": [8], "token_type_ids": [8]}
+    )
     parsed = RunnerConfig.from_model_config(config)
     with pytest.raises(
         ConfigurationError, match=r"config inputs \['token_type_ids'\] are not in model.onnx"
@@ -206,17 +226,19 @@ def test_runner_pads_ragged_requests_and_matches_per_request_results(encoder, ru
         assert result["embedding"].dtype == np.float32
 
 
+class RecordingSession:
+    """Wraps a session and records the shape of every ``input_ids`` it is fed."""
+
+    def __init__(self, inner):
+        self.inner, self.shapes = inner, []
+
+    def run(self, names, feed):
+        self.shapes.append(feed["input_ids"].shape)
+        return self.inner.run(names, feed)
+
+
 def test_runner_runs_length_homogeneous_chunks_when_lengths_vary(encoder):
     runner, table = encoder(run_overhead="4")
-
-    class RecordingSession:
-        def __init__(self, inner):
-            self.inner, self.shapes = inner, []
-
-        def run(self, names, feed):
-            self.shapes.append(feed["input_ids"].shape)
-            return self.inner.run(names, feed)
-
     runner.session = RecordingSession(runner.session)
     rng = np.random.default_rng(2)
     requests = [_request([2], rng), _request([40], rng), _request([3], rng), _request([41], rng)]
@@ -228,13 +250,53 @@ def test_runner_runs_length_homogeneous_chunks_when_lengths_vary(encoder):
         np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
 
 
-def test_runner_trims_padding_that_arrives_from_the_client(encoder):
-    runner, table = encoder()
+@pytest.mark.parametrize("run_overhead", ["0", "40"])
+def test_runner_feeds_the_session_only_real_tokens_when_the_client_sends_padding(
+    encoder, run_overhead
+):
+    runner, table = encoder(run_overhead=run_overhead)
+    runner.session = RecordingSession(runner.session)
     rng = np.random.default_rng(3)
     request = _request([5], rng)
     padded = {k: np.pad(v, ((0, 0), (0, 20))) for k, v in request.items()}
     (result,) = runner.run([padded])
+    assert runner.session.shapes == [(1, 5)]  # not (1, 25): the 20 padded positions were cut
     np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
+
+
+def test_runner_rejects_a_request_longer_than_max_dims_naming_the_input_and_the_limit(encoder):
+    runner, table = encoder()
+    runner.session = RecordingSession(runner.session)
+    rng = np.random.default_rng(5)
+    good = [_request([4], rng), _request([MAX_LENGTH, 3], rng)]  # exactly at the limit
+    too_long = _request([MAX_LENGTH + 1], rng)
+
+    results = runner.run([good[0], too_long, good[1]])
+
+    assert isinstance(results[1], InvalidInput)
+    message = str(results[1])
+    assert "input 'input_ids'" in message and f"limit of {MAX_LENGTH}" in message
+    assert str(MAX_LENGTH + 1) in message
+    for request, result in zip(good, (results[0], results[2])):
+        np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
+    assert all(width <= MAX_LENGTH for _, width in runner.session.shapes)
+
+
+def test_runner_fails_only_the_request_onnx_runtime_fails_on_when_an_id_is_out_of_vocabulary(
+    encoder,
+):
+    runner, table = encoder()
+    rng = np.random.default_rng(6)
+    good = [_request([4], rng), _request([7, 2], rng)]
+    bad = _request([5], rng)
+    bad["input_ids"][0, 2] = 10**6  # Gather of the embedding table fails for the whole run
+
+    results = runner.run([good[0], bad, good[1]])
+
+    assert isinstance(results[1], RuntimeError) and not isinstance(results[1], InvalidInput)
+    assert "model 'minilm_encoder': ONNX Runtime failed" in str(results[1])
+    for request, result in zip(good, (results[0], results[2])):
+        np.testing.assert_allclose(result["embedding"], _expected(table, request), rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -288,12 +350,6 @@ def test_runner_rejects_a_wrong_fixed_dim_when_inputs_have_fixed_shapes(tmp_path
     assert "input 'pixel_values' must have shape ['batch', 3], got [1, 4]" in str(results[1])
 
 
-def test_pad_stack_pads_every_non_batch_axis_to_its_largest_size():
-    out = pad_stack([np.ones((1, 2, 3)), np.ones((2, 4, 1))], pad_value=-1)
-    assert out.shape == (3, 4, 3)
-    assert out[0, :2, :3].min() == 1 and out[0, 2:].max() == -1 and out[1, :, 1:].max() == -1
-
-
 @pytest.mark.parametrize(
     ("lengths", "overhead"),
     [([5, 5, 5], 40), ([3, 60, 4, 61, 5], 40), ([3, 60, 4, 61, 5], 0), (list(range(1, 33)), 10)],
@@ -311,3 +367,11 @@ def test_plan_chunks_keeps_one_chunk_when_overhead_is_zero_or_lengths_are_equal(
 def test_plan_chunks_separates_short_from_long_rows_when_padding_costs_more_than_a_run():
     chunks = plan_chunks([3, 60, 4, 61, 5], run_overhead=40)
     assert [sorted(chunk) for chunk in chunks] == [[0, 2, 4], [1, 3]]
+
+
+def test_triton_dtypes_agree_with_the_spec_dtypes_on_every_type_both_know():
+    spec_numpy = {triton: np.dtype(numpy) for triton, numpy in DTYPES.values()}
+    shared = sorted(set(spec_numpy) & set(TRITON_DTYPES))
+    assert len(shared) >= 8, shared
+    for triton in shared:
+        assert np.dtype(TRITON_DTYPES[triton]) == spec_numpy[triton], triton

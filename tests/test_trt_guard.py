@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tools.errors import TensorRTError
 from tools.serve import trt_guard
@@ -65,8 +68,8 @@ def test_guard_refuses_when_tensorrt_version_differs(tmp_path):
     assert "model 'minilm_encoder'" in message
     assert "TensorRT 10.11.0" in message and "TensorRT 10.13.2" in message
     assert "the TensorRT version differs" in message and "compute capability differ" not in message
-    assert "docker compose run --rm builder" in message
-    assert "tools build-repo --target gpu --only minilm_encoder --force" in message
+    assert f"`{trt_guard.REBUILD_ALL}`" in message
+    assert "--only minilm_encoder --force`" in message
     assert "efficientnet_lite0" not in message
 
 
@@ -211,3 +214,36 @@ def test_cli_refuses_plans_on_this_gpu_less_machine(tmp_path):
 
     assert result.returncode == 1
     assert "model 'minilm_encoder'" in result.stderr
+
+
+def _compose_service(files: list[str], name: str) -> dict:
+    """One service of ``docker compose -f ...``: later files replace ``command`` and replace
+    ``volumes`` entries with the same ``target`` (Compose's merge rules)."""
+    service: dict = {}
+    for file in files:
+        part = yaml.safe_load((ROOT / file).read_text())["services"].get(name, {})
+        volumes = {v["target"]: v for v in service.get("volumes", []) + part.get("volumes", [])}
+        service |= part | ({"volumes": list(volumes.values())} if volumes else {})
+    return service
+
+
+def test_refusal_rebuilds_into_the_folder_the_gpu_triton_serves(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN})
+    with pytest.raises(TensorRTError) as info:
+        guard(repo, runtime=_runtime("10.13.2"))
+    commands = [shlex.split(c) for c in re.findall(r"`([^`]+)`", str(info.value))]
+    (everything,) = [c for c in commands if c[-1] == "builder"]
+    (one,) = [c for c in commands if "--only" in c]
+
+    files = [everything[i + 1] for i, arg in enumerate(everything) if arg == "-f"]
+    assert files == ["docker-compose.yml", "docker-compose.gpu.yml"], "plans are the gpu target"
+    assert one[:len(everything)] == everything
+    builder = _compose_service(files, "builder")
+    triton = _compose_service(files, "triton")
+    args = one[len(everything):]
+    output = args[args.index("--output") + 1]
+    assert args[:2] == ["tools", "build-repo"] and args[args.index("--target") + 1] == "gpu"
+    assert output == builder["command"][builder["command"].index("--output") + 1]
+    (mount,) = [v for v in builder["volumes"] if output.startswith(v["target"] + "/")]
+    (served,) = [v for v in triton["volumes"] if v["target"] == "/models"]
+    assert f"{mount['source']}{output[len(mount['target']):]}" == served["source"]

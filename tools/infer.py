@@ -6,7 +6,9 @@ command works for any model: text and image bytes feed string inputs, ``--input`
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +22,30 @@ from tools.errors import InferenceError, UserInputError
 
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
 _FLOAT_TYPES = ("FP16", "FP32", "FP64", "BF16")
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]+)$")
+
+
+def check_url(url: str, protocol: str) -> str:
+    """``url`` stripped of surrounding blanks if it is ``host:port``, as tritonclient expects.
+
+    Raises:
+        UserInputError: a scheme (``http://``), a path, a missing or non-numeric port, or a
+            port outside 1-65535; the message shows the form expected.
+    """
+    text = url.strip()
+    example = DEFAULT_URLS.get(protocol, DEFAULT_URLS["http"])
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        raise UserInputError(
+            f"--url {url!r}: give host:port without the {scheme}:// scheme "
+            f"(e.g. {rest.split('/')[0] or example}); the protocol is chosen with --protocol"
+        )
+    match = _HOST_PORT.match(text)
+    if not match or not 0 < int(match.group("port")) < 65536:
+        raise UserInputError(
+            f"--url {url!r} is not host:port with a port from 1 to 65535 (e.g. {example})"
+        )
+    return text
 
 
 @dataclass(frozen=True)
@@ -62,23 +88,38 @@ class Client:
     Args:
         url: ``host:port`` of the server's endpoint for ``protocol``.
         protocol: ``"http"`` or ``"grpc"``.
-        timeout_s: Network timeout of each call.
+        timeout_s: Network timeout of each call (gRPC: the deadline of each call).
+
+    Raises:
+        UserInputError: ``url`` is not ``host:port`` or ``protocol`` is unknown.
+        InferenceError: tritonclient could not create a client for ``url``.
     """
 
     def __init__(self, url: str, protocol: str = "http", timeout_s: float = 60.0) -> None:
+        if protocol not in ("http", "grpc"):
+            raise UserInputError(f"protocol {protocol!r} is neither 'http' nor 'grpc'")
+        url = check_url(url, protocol)
         self.url, self.protocol, self.timeout_s = url, protocol, timeout_s
         if protocol == "http":
             import tritonclient.http as module
 
-            self._client = module.InferenceServerClient(
-                url, connection_timeout=timeout_s, network_timeout=timeout_s
+            create = functools.partial(
+                module.InferenceServerClient,
+                url,
+                connection_timeout=timeout_s,
+                network_timeout=timeout_s,
             )
-        elif protocol == "grpc":
+        else:
             import tritonclient.grpc as module
 
-            self._client = module.InferenceServerClient(url)
-        else:
-            raise UserInputError(f"protocol {protocol!r} is neither 'http' nor 'grpc'")
+            create = functools.partial(module.InferenceServerClient, url)
+        try:
+            self._client = create()
+        except Exception as exc:  # tritonclient raises anything from ValueError to its own
+            message = exc.message() if hasattr(exc, "message") else str(exc)
+            raise InferenceError(
+                f"cannot create a {protocol} client for {url}: {message or type(exc).__name__}"
+            ) from exc
         self._module = module
 
     def _call(self, what: str, fn, *args, **kwargs):
@@ -107,8 +148,9 @@ class Client:
             metadata = self._call(what, self._client.get_model_metadata, model)
             config = self._call(what, self._client.get_model_config, model)
         else:
-            metadata = self._call(what, self._client.get_model_metadata, model, as_json=True)
-            config = self._call(what, self._client.get_model_config, model, as_json=True)["config"]
+            deadline = {"as_json": True, "client_timeout": self.timeout_s}
+            metadata = self._call(what, self._client.get_model_metadata, model, **deadline)
+            config = self._call(what, self._client.get_model_config, model, **deadline)["config"]
         max_batch = int(config.get("max_batch_size", 0))
         optional = {i["name"] for i in config.get("input", []) if i.get("optional")}
 

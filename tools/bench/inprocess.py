@@ -1,41 +1,54 @@
-"""The in-process limit: tokenizer + the exported MiniLM ONNX model in this process, no server.
+"""The in-process limit: the served text pipeline's own code in this process, without a server.
 
-Reads the same files and settings the served models use from the built repository
-(``tokenizer.json``, ``max_length``, ``model.onnx``, ONNX Runtime threads) and times batches.
+Loads ``pipeline_ops`` from the built repository and builds the tokenizer and the encoder's
+``OnnxRunner`` from the models' own ``config.pbtxt`` exactly as ``text_tokenizer`` and
+``minilm_encoder`` do in ``initialize``; a batch of texts is one request to each, so the padding,
+the length chunks and the ONNX Runtime settings are the served ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from tools.errors import UserInputError
+from tools.errors import InferenceError, UserInputError
 from tools.loadtest.gate import percentile
 
 TOKENIZER_MODEL = "text_tokenizer"
 ENCODER_MODEL = "minilm_encoder"
+VERSION = "1"
 
 
 @dataclass(frozen=True)
 class EncoderSetup:
-    """What the served text pipeline runs with, read from the built repository."""
+    """The served text pipeline's configs (Triton's JSON form) and version folders."""
 
-    tokenizer_file: Path
-    max_length: int
-    onnx_file: Path
-    intra_op_threads: int
-    inter_op_threads: int
-    pad_values: dict[str, int]
-    pipeline_ops_dir: Path
-    run_overhead: int | None
+    tokenizer_config: dict[str, Any]
+    tokenizer_dir: Path
+    encoder_config: dict[str, Any]
+    encoder_dir: Path
+
+    def _parameter(self, config: dict[str, Any], key: str, default: str) -> str:
+        return config.get("parameters", {}).get(key, {}).get("string_value") or default
+
+    @property
+    def max_length(self) -> int:
+        """The tokenizer's ``max_length`` (as ``text_tokenizer`` reads it)."""
+        return int(self._parameter(self.tokenizer_config, "max_length", "256"))
+
+    @property
+    def intra_op_threads(self) -> int:
+        """The encoder's ONNX Runtime intra-op threads."""
+        return int(self._parameter(self.encoder_config, "intra_op_threads", "1"))
 
 
 @dataclass
@@ -55,8 +68,9 @@ class LimitResult:
         return asdict(self)
 
 
-def _parameters(config_path: Path) -> dict[str, str]:
-    from google.protobuf import text_format
+def _model_config(config_path: Path) -> dict[str, Any]:
+    """``config.pbtxt`` as the JSON-style dict Triton hands a Python model's ``initialize``."""
+    from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
 
     try:
@@ -64,95 +78,91 @@ def _parameters(config_path: Path) -> dict[str, str]:
                                    model_config_pb2.ModelConfig())
     except (OSError, text_format.ParseError) as exc:
         raise UserInputError(f"cannot read model config {config_path}: {exc}") from exc
-    return {key: value.string_value for key, value in config.parameters.items()}
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 def read_setup(repository: Path) -> EncoderSetup:
-    """Read the tokenizer's and the encoder's files and settings from a built repository.
+    """Read the tokenizer's and the encoder's configs from a built repository.
 
     Raises:
-        UserInputError: the repository lacks the text pipeline's models or files.
+        UserInputError: the repository lacks the text pipeline's models.
     """
     tok_dir, enc_dir = repository / TOKENIZER_MODEL, repository / ENCODER_MODEL
     for d in (tok_dir, enc_dir):
         if not (d / "config.pbtxt").is_file():
             raise UserInputError(f"{d}/config.pbtxt not found: build the repository first "
                                  f"(tools build-repo --output {repository})")
-    tok, enc = _parameters(tok_dir / "config.pbtxt"), _parameters(enc_dir / "config.pbtxt")
-    tok_file = tok_dir / "1" / tok.get("tokenizer_file", "tokenizer.json")
-    onnx_file = enc_dir / "1" / enc.get("onnx_file", "model.onnx")
-    for f, model in ((tok_file, TOKENIZER_MODEL), (onnx_file, ENCODER_MODEL)):
-        if not f.is_file():
-            raise UserInputError(f"model {model}: {f} not found in the built repository")
     return EncoderSetup(
-        tokenizer_file=tok_file,
-        max_length=int(tok.get("max_length", "256")),
-        onnx_file=onnx_file,
-        intra_op_threads=int(enc.get("intra_op_threads", "1")),
-        inter_op_threads=int(enc.get("inter_op_threads", "1")),
-        pad_values={k: int(v) for k, v in json.loads(enc.get("pad_values", "{}")).items()},
-        pipeline_ops_dir=enc_dir / "1",
-        run_overhead=int(enc["run_overhead"]) if "run_overhead" in enc else None,
+        tokenizer_config=_model_config(tok_dir / "config.pbtxt"),
+        tokenizer_dir=tok_dir / VERSION,
+        encoder_config=_model_config(enc_dir / "config.pbtxt"),
+        encoder_dir=enc_dir / VERSION,
     )
 
 
-def _pipeline_ops(setup: EncoderSetup) -> tuple[Any, Any]:
-    """The served code's own ``pipeline_ops.text`` and ``pipeline_ops.onnx_session`` modules."""
-    path = str(setup.pipeline_ops_dir)
+def _pipeline_ops(setup: EncoderSetup) -> SimpleNamespace:
+    """The served code's own ``pipeline_ops`` modules (copied into the encoder's version folder)."""
+    path = str(setup.encoder_dir)
     if path not in sys.path:
         sys.path.insert(0, path)
-    text = importlib.import_module("pipeline_ops.text")
-    session = importlib.import_module("pipeline_ops.onnx_session")
-    return text, session
+    names = ("errors", "onnx_session", "text", "triton_io")
+    return SimpleNamespace(**{n: importlib.import_module(f"pipeline_ops.{n}") for n in names})
 
 
 class InProcessEncoder:
-    """Tokenize + pad + one ONNX Runtime run per batch, exactly as configured for serving."""
+    """``text_tokenizer`` + ``minilm_encoder`` as served, called in this process.
+
+    ``encode(texts)`` sends the texts as one request through ``tokenize_requests`` and then
+    ``OnnxRunner.run``. ``chunked=False`` runs the batch as one padded ONNX Runtime run
+    (``run_overhead`` 0), ``chunked=True`` with the served ``run_overhead`` (length chunks).
+    """
 
     def __init__(self, setup: EncoderSetup) -> None:
-        text_ops, session_ops = _pipeline_ops(setup)
+        ops = _pipeline_ops(setup)
         self.setup = setup
-        self.tokenizer = text_ops.load_tokenizer(setup.tokenizer_file, setup.max_length)
-        self.session = session_ops.make_session(
-            setup.onnx_file, setup.intra_op_threads, setup.inter_op_threads
+        self._text = ops.text
+        try:
+            self.settings = ops.text.TokenizerSettings.from_parameters(
+                ops.triton_io.parameters(setup.tokenizer_config), setup.tokenizer_dir,
+                setup.tokenizer_config.get("name", TOKENIZER_MODEL),
+            )
+            self.chunked_runner = ops.onnx_session.load_runner(setup.encoder_config,
+                                                               setup.encoder_dir)
+        except ops.errors.ConfigurationError as exc:
+            raise UserInputError(f"built repository: {exc}") from exc
+        self.tokenizer = ops.text.load_tokenizer(self.settings.tokenizer_file,
+                                                 self.settings.max_length)
+        self.pad_id = ops.text.pad_token_id(self.tokenizer)
+        self.padded_runner = ops.onnx_session.OnnxRunner(
+            dataclasses.replace(self.chunked_runner.config, run_overhead=0),
+            self.chunked_runner.session,
         )
-        self._plan_chunks: Callable[..., list[list[int]]] | None = getattr(
-            session_ops, "plan_chunks", None
-        )
-        self._overhead = (
-            setup.run_overhead
-            if setup.run_overhead is not None
-            else getattr(session_ops, "DEFAULT_RUN_OVERHEAD", 0)
-        )
-        self._input_names = [i.name for i in self.session.get_inputs()]
 
     @property
     def can_chunk(self) -> bool:
-        """True when the served runner splits batches by length (``plan_chunks``)."""
-        return self._plan_chunks is not None and self._overhead > 0
-
-    def _run(self, rows_ids: Sequence[Sequence[int]], rows_mask: Sequence[Sequence[int]]) -> np.ndarray:
-        longest = max(len(r) for r in rows_ids)
-        ids = np.full((len(rows_ids), longest), self.setup.pad_values.get("input_ids", 0), np.int64)
-        mask = np.full((len(rows_ids), longest), self.setup.pad_values.get("attention_mask", 0),
-                       np.int64)
-        for i, (r, m) in enumerate(zip(rows_ids, rows_mask)):
-            ids[i, : len(r)] = r
-            mask[i, : len(m)] = m
-        feed = {"input_ids": ids, "attention_mask": mask}
-        return self.session.run(None, {k: feed[k] for k in self._input_names})[0]
+        """True when the served runner splits batches by length."""
+        return self.chunked_runner.chunks_by_length
 
     def encode(self, texts: Sequence[str], chunked: bool = False) -> np.ndarray:
-        """Embeddings of ``texts`` as one batch (or in the server's length chunks)."""
-        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
-        ids = [e.ids for e in encodings]
-        mask = [e.attention_mask for e in encodings]
-        if not (chunked and self.can_chunk and len(texts) > 1):
-            return self._run(ids, mask)
-        out = np.empty((len(texts), 384), np.float32)
-        for chunk in self._plan_chunks([len(r) for r in ids], self._overhead):
-            out[chunk] = self._run([ids[i] for i in chunk], [mask[i] for i in chunk])
-        return out
+        """Embeddings of ``texts`` as one request (or in the served runner's length chunks).
+
+        Raises:
+            InferenceError: the served code rejected the texts or failed on them (names the model).
+        """
+        request = {self._text.TEXT_INPUT: np.array([[t.encode("utf-8")] for t in texts],
+                                                   dtype=np.object_)}
+        (tokens,) = self._text.tokenize_requests(
+            self.tokenizer, [request], self.pad_id, self.settings.buckets,
+            self.settings.max_text_bytes,
+        )
+        if isinstance(tokens, Exception):
+            raise InferenceError(f"model {TOKENIZER_MODEL}: {tokens}")
+        runner = self.chunked_runner if chunked else self.padded_runner
+        (outputs,) = runner.run([tokens])
+        if isinstance(outputs, Exception):
+            raise InferenceError(f"model {ENCODER_MODEL}: {outputs}")
+        (embedding,) = outputs.values()
+        return embedding
 
 
 def measure(

@@ -246,6 +246,13 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
     if target == "cpu":
         cpu = model.instances.cpu
         pad_values = {t.name: (t.pad_value if t.pad_value is not None else 0) for t in model.inputs}
+        # The runner rejects a request beyond an axis' max (e.g. MiniLM's 512 positions would
+        # otherwise fail ONNX Runtime for the whole execute call); fixed dims repeat their size.
+        max_dims = {
+            t.name: [model.axis(d).max if isinstance(d, str) else d for d in t.shape[1:]]
+            for t in model.inputs
+            if t.is_ragged
+        }
         return TritonModelConfig(
             backend="python",
             # The runner pads each execute call's requests to the longest, so merge lengths.
@@ -256,6 +263,7 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
                 ("intra_op_threads", str(cpu.intra_op_threads)),
                 ("inter_op_threads", "1"),
                 ("pad_values", json.dumps(pad_values, sort_keys=True)),
+                ("max_dims", json.dumps(max_dims, sort_keys=True)),
             ),
             **common,
         )

@@ -1,7 +1,9 @@
 """Run one Locust scenario headless in a child process, under a hard timeout, and read its gate.
 
 The child runs in its own process group; past the deadline it gets SIGUSR1 (stack dump), then
-SIGTERM, then SIGKILL for the whole group, and the run fails with a line naming its log.
+SIGTERM, then SIGKILL for the whole group, and the run fails with a line naming its log. Ctrl-C
+or any other exception while waiting kills the group the same way and is re-raised: no Locust
+process outlives the runner.
 """
 
 from __future__ import annotations
@@ -130,19 +132,43 @@ def parse_progress(line: str) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in match.group("fields").split())
 
 
-def _kill_group(proc: subprocess.Popen, log: Any) -> None:
-    for sig, wait_s in ((signal.SIGUSR1, 1.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _kill_group(proc: subprocess.Popen, log: Any, *, dump_stacks: bool = True) -> None:
+    """SIGUSR1 (stack dump, optional), SIGTERM, then SIGKILL to the child's process group; each
+    step waits for the child, and SIGKILL goes to the group even when the child is gone, so no
+    worker or grandchild survives it."""
+    steps = [(signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)]
+    if dump_stacks:
+        steps.insert(0, (signal.SIGUSR1, 1.0))
+    for sig, wait_s in steps:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         try:
             proc.wait(timeout=wait_s)
-            if sig != signal.SIGUSR1:
+            if sig == signal.SIGKILL:
                 return
         except subprocess.TimeoutExpired:
             continue
     log.write(f"process group {proc.pid} did not die after SIGKILL\n")
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """The gate's summary.json, or {} when the run wrote none.
+
+    Raises:
+        LoadTestError: the file exists but is not a JSON object (say, half-written by a run
+            that was killed).
+    """
+    if not path.exists():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LoadTestError(f"gate summary {path} is unreadable or not JSON: {exc}") from exc
+    if not isinstance(summary, dict):
+        raise LoadTestError(f"gate summary {path} is not a JSON object")
+    return summary
 
 
 def run_locust(
@@ -188,31 +214,48 @@ def run_locust(
         except OSError as exc:
             raise LoadTestError(f"cannot start locust ({cmd[0]}): {exc}") from exc
 
+        failure: list[BaseException] = []
+
         def pump() -> None:
             assert proc.stdout is not None
-            for line in proc.stdout:
-                fields = parse_progress(line)
-                if fields is not None:
-                    if on_progress is not None:
-                        on_progress(spec, fields)
-                    continue
-                output.append(line.rstrip("\n"))
-                log.write(line)
-                log.flush()
+            try:
+                for line in proc.stdout:
+                    fields = parse_progress(line)
+                    if fields is not None:
+                        if on_progress is not None:
+                            on_progress(spec, fields)
+                        continue
+                    output.append(line.rstrip("\n"))
+                    log.write(line)
+                    log.flush()
+            except BaseException as exc:  # e.g. on_progress raised: end the run, re-raise
+                failure.append(exc)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
         reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
         timed_out = False
         try:
-            proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            log.write(f"\nhard timeout: locust still running after {limit:.0f} s; killing group\n")
-            _kill_group(proc, log)
-        reader.join(timeout=10)
+            reader.start()
+            try:
+                proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                log.write(
+                    f"\nhard timeout: locust still running after {limit:.0f} s; killing group\n"
+                )
+                _kill_group(proc, log)
+            reader.join(timeout=10)
+            if failure:
+                raise failure[0]
+        except BaseException as exc:  # Ctrl-C, a failing callback, anything: no orphan Locust
+            log.write(f"\ninterrupted ({type(exc).__name__}); killing group {proc.pid}\n")
+            _kill_group(proc, log, dump_stacks=False)
+            raise
     seconds = time.monotonic() - start
-    summary_path = spec.report_dir / "summary.json"
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    summary = _read_summary(spec.report_dir / "summary.json")
     verdicts = list(summary.get("verdicts", []))
     code = proc.returncode if proc.returncode is not None else -9
     log_text = log_path.read_text(encoding="utf-8", errors="replace")

@@ -14,6 +14,7 @@ import click
 
 from tools.errors import ServerError, UserInputError
 from tools.serve.server import (
+    OPEN_ADMIN_ENV,
     STOP_GRACE_S,
     EmbeddedServer,
     command_line,
@@ -54,6 +55,59 @@ def _stop_from_pid_file(pid_file: Path, exit_timeout: int) -> None:
     terminate_process_group(pid, exit_timeout + STOP_GRACE_S)
     pid_file.unlink(missing_ok=True)
     click.echo(f"stopped tritonserver pid {pid}")
+
+
+def _prepare_pid_file(pid_file: Path) -> bool:
+    """Make sure ``pid_file`` can be written before any server starts; True if it was created.
+
+    Raises:
+        UserInputError: its folder cannot be created or the file cannot be written.
+    """
+    existed = pid_file.exists()
+    try:
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        with pid_file.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UserInputError(
+            f"cannot write pid file {pid_file}: {exc.strerror or exc}"
+        ) from exc
+    return not existed
+
+
+def _write_pid_file(pid_file: Path, pid: int) -> None:
+    pid_file.write_text(f"{pid}\n", encoding="utf-8")
+
+
+def _start_in_background(server: EmbeddedServer, pid_file: Path, start_timeout: float) -> None:
+    """Start, record the pid, then let the server outlive this process.
+
+    The pid file is checked before the start and written before the server is detached: a
+    server whose pid could not be recorded is stopped, never left running unnamed.
+
+    Raises:
+        UserInputError: the pid file cannot be written (any server started is stopped).
+    """
+    created = _prepare_pid_file(pid_file)
+    try:
+        server.start(timeout_s=start_timeout)
+    except BaseException:
+        if created:
+            pid_file.unlink(missing_ok=True)
+        raise
+    try:
+        _write_pid_file(pid_file, server.pid)
+    except BaseException as exc:
+        server.stop()
+        if created:
+            pid_file.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise UserInputError(
+                f"cannot write pid file {pid_file}: {exc.strerror or exc}; "
+                "the server was stopped"
+            ) from exc
+        raise
+    server.detach()
 
 
 def _watch(server: EmbeddedServer, stubs: set[str]) -> list[str]:
@@ -171,6 +225,13 @@ def _serve_until_signal(server: EmbeddedServer, max_restarts: int, start_timeout
     default=None,
     help="With --background / --stop: file holding the tritonserver pid.",
 )
+@click.option(
+    "--allow-open-admin-apis",
+    is_flag=True,
+    help=f"Run a tritonserver that cannot restrict its admin APIs (no --http-restricted-api / "
+    f"--grpc-restricted-protocol), leaving them open to any local caller [also: "
+    f"{OPEN_ADMIN_ENV}=1]. Without it such a binary is refused.",
+)
 def serve(
     repository: Path,
     http_port: int,
@@ -184,6 +245,7 @@ def serve(
     background: bool,
     stop_: bool,
     pid_file: Path | None,
+    allow_open_admin_apis: bool,
 ) -> None:
     """Run tritonserver on a model repository, bound to 127.0.0.1.
 
@@ -191,7 +253,17 @@ def serve(
     `grpc HOST:PORT`, `metrics URL`, `models A, B`) and serves until Ctrl-C or SIGTERM: the
     server then refuses new requests, lets in-flight ones finish within --exit-timeout, and
     exits leaving no tritonserver or Python-stub process behind. Configs are used as written
-    (no auto-completion), model control is off and the admin APIs are closed.
+    (no auto-completion) and model control is off.
+
+    The admin APIs (model repository, shared memory, trace, logging) are closed to callers
+    without a per-server key; a binary that cannot close them is refused unless
+    --allow-open-admin-apis is given. The key is on tritonserver's command line, readable by
+    local users in /proc/PID/cmdline: it guards a loopback-only development server against
+    accidents, not against other users of the machine.
+
+    HTTP inputs are bounded to 16777216 bytes (16 MiB, as in docker-compose.yml) only with
+    Triton 25.x or later, whose tritonserver has --http-max-input-size; the 2.51 binary of the
+    nvidia-pytriton wheel lacks the option and keeps its built-in default.
 
     \b
     For scripts:
@@ -213,11 +285,10 @@ def serve(
         binary=binary,
         log_path=log_file,
         exit_timeout_s=exit_timeout,
+        allow_open_admin_apis=allow_open_admin_apis or None,
     )
     if background:
-        server.start(timeout_s=start_timeout)
-        pid_file.parent.mkdir(parents=True, exist_ok=True)
-        pid_file.write_text(f"{server.detach()}\n")
+        _start_in_background(server, pid_file, start_timeout)
         click.echo(_describe(server))
         return
 

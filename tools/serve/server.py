@@ -2,6 +2,21 @@
 
 ``EmbeddedServer`` starts the binary in its own session, waits until every model is ready, turns
 the server's own startup errors into one-line causes, and stops it with nothing left behind.
+
+Admin APIs: loading/unloading models, shared memory, tracing and log settings are restricted to
+callers sending a per-server key header (``--http-restricted-api`` /
+``--grpc-restricted-protocol``). A binary that lacks those options is refused (``ServerError``)
+unless the caller opts out with ``allow_open_admin_apis=True`` or ``$TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS=1``.
+The key travels on tritonserver's command line, so any local user who can read
+``/proc/<pid>/cmdline`` can read it (tritonserver 2.51 offers no file or environment variable
+for it): it only keeps casual or accidental callers off the loopback-bound admin APIs of a
+development server, and is no protection against other local users.
+
+Request size: Triton from release 25.x (server 2.5x+) has ``--http-max-input-size``; when the
+binary's ``--help`` lists it, the server is started with the same bound as docker-compose.yml
+(``HTTP_MAX_INPUT_SIZE``, 16 MiB). The 2.51 binary of the nvidia-pytriton wheel lacks the
+option, so with it the embedded server's HTTP input size is bounded only by Triton's own
+built-in default.
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ import urllib.request
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from tools.errors import ServerError, UserInputError
 from tools.serve.backend_dir import (
@@ -40,6 +55,10 @@ BINARY_ENV = "TRITONSERVER_BINARY"
 # statistics stay open.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 ADMIN_HEADER = "triton-forge-admin"
+# Set to 1 to run a binary that cannot restrict the admin APIs, leaving them open to any caller.
+OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
+# Same bound as docker-compose.yml's --http-max-input-size; passed only to binaries that have it.
+HTTP_MAX_INPUT_SIZE = 16 * 1024 * 1024
 _GRPC_PREFIX = "triton-grpc-protocol-"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 
@@ -64,7 +83,7 @@ def resolve_binary(binary: Path | str | None = None) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def binary_options(binary: Path) -> frozenset[str]:
-    """The ``--options`` a tritonserver binary lists in its ``--help``."""
+    """The ``--options`` a tritonserver binary lists in its ``--help`` (run once per binary)."""
     try:
         out = subprocess.run(
             [str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False
@@ -342,6 +361,11 @@ class EmbeddedServer:
             the temp folder.
         exit_timeout_s: How long in-flight requests may take to finish when stopping.
         extra_args: More tritonserver options, appended last.
+        allow_open_admin_apis: Run a binary that cannot restrict the admin APIs (no
+            ``--http-restricted-api`` / ``--grpc-restricted-protocol``), leaving them open;
+            defaults to ``$TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS=1``. Otherwise such a binary is
+            refused. The admin key is visible in the server's ``/proc/<pid>/cmdline`` (see the
+            module docstring).
 
     Attributes:
         model_repository: The repository served.
@@ -361,6 +385,7 @@ class EmbeddedServer:
         log_path: Path | None = None,
         exit_timeout_s: int = 30,
         extra_args: Sequence[str] = (),
+        allow_open_admin_apis: bool | None = None,
     ) -> None:
         self.model_repository = Path(model_repository)
         self._requested_ports = {"HTTP": http_port, "GRPC": grpc_port, "Metrics": metrics_port}
@@ -369,6 +394,9 @@ class EmbeddedServer:
         self.log_path = Path(log_path) if log_path is not None else _default_log_path()
         self.exit_timeout_s = exit_timeout_s
         self.extra_args = tuple(extra_args)
+        if allow_open_admin_apis is None:
+            allow_open_admin_apis = os.environ.get(OPEN_ADMIN_ENV, "") == "1"
+        self.allow_open_admin_apis = allow_open_admin_apis
         self._admin_token = secrets.token_hex(16)
         self._proc: subprocess.Popen | None = None
         self._models: list[str] = []
@@ -456,6 +484,25 @@ class EmbeddedServer:
         self._choose_ports(keep=True)
         binary = self.binary
         options = binary_options(binary)
+        grpc_flag = next(
+            (f for f in ("--grpc-restricted-protocol", "--grpc-restricted-api") if f in options),
+            None,
+        )
+        missing = [
+            flag
+            for flag, present in (
+                ("--http-restricted-api", "--http-restricted-api" in options),
+                ("--grpc-restricted-protocol", grpc_flag is not None),
+            )
+            if not present
+        ]
+        if missing and not self.allow_open_admin_apis:
+            raise ServerError(
+                f"tritonserver {binary} has no {' / '.join(missing)}, so its admin APIs "
+                f"({', '.join(RESTRICTED_APIS)}) would be open to any caller; use a Triton that "
+                f"has it, or accept open admin APIs with `tools serve --allow-open-admin-apis` "
+                f"or {OPEN_ADMIN_ENV}=1"
+            )
         cmd = [
             str(binary),
             f"--model-repository={self.model_repository.resolve()}",
@@ -476,13 +523,14 @@ class EmbeddedServer:
             cmd.append("--disable-auto-complete-config")
         else:
             cmd.append("--strict-model-config=true")
+        if "--http-max-input-size" in options:  # Triton 25.x+; absent from 2.51
+            cmd.append(f"--http-max-input-size={HTTP_MAX_INPUT_SIZE}")
+        # The key is visible in /proc/<pid>/cmdline: see the module docstring.
         restriction = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self._admin_token}"
         if "--http-restricted-api" in options:
             cmd.append(f"--http-restricted-api={restriction}")
-        for flag in ("--grpc-restricted-protocol", "--grpc-restricted-api"):
-            if flag in options:
-                cmd.append(f"{flag}={restriction}")
-                break
+        if grpc_flag is not None:
+            cmd.append(f"{grpc_flag}={restriction}")
         return [*cmd, *self.extra_args]
 
     def environment(self) -> dict[str, str]:
@@ -660,7 +708,7 @@ class EmbeddedServer:
         self._proc.returncode = 0
         return pid
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> EmbeddedServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -22,8 +22,13 @@ from pathlib import Path
 from tools.errors import TensorRTError
 
 MANIFEST_NAME = "build_manifest.json"
-REBUILD_ALL = "docker compose run --rm builder"
-_REBUILD_ONE = "tools build-repo --target gpu --only {model} --force"
+# Plans come only from the gpu target, which docker-compose.gpu.yml builds into the folder its
+# triton serves (tests/test_trt_guard.py checks these against the compose files).
+_COMPOSE_GPU = "docker compose -f docker-compose.yml -f docker-compose.gpu.yml"
+GPU_REPOSITORY = "/repositories/gpu"
+REBUILD_ALL = f"{_COMPOSE_GPU} run --rm builder"
+_REBUILD_ONE = (f"{REBUILD_ALL} tools build-repo --target gpu --spec repository.yaml "
+                f"--output {GPU_REPOSITORY} --only {{model}} --force")
 
 # Where the NGC images and the TensorRT tarball put libnvinfer; LD_LIBRARY_PATH is searched first.
 _LIBRARY_DIRS = (
@@ -264,7 +269,7 @@ def mismatches(records: Sequence[PlanRecord], runtime: Runtime) -> list[str]:
     problems = []
     for record in records:
         rebuild = (f"rebuild it inside the serving image: `{REBUILD_ALL}` "
-                   f"(or `{_REBUILD_ONE.format(model=record.model)}` in it).")
+                   f"(this model only: `{_REBUILD_ONE.format(model=record.model)}`).")
         built = (f"model '{record.model}': plan built with TensorRT {record.version} "
                  f"for compute capability {record.compute_capability}")
         if runtime.tensorrt_version is None:

@@ -6,7 +6,6 @@ call preprocesses all requests together, answering a bad request with its own IN
 
 import triton_python_backend_utils as pb_utils
 from pipeline_ops import image, triton_io
-from pipeline_ops.errors import ConfigurationError
 
 
 class TritonPythonModel:
@@ -14,12 +13,9 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Read ``image_size``, ``resize_shorter`` and ``max_pixels`` from the model config."""
-        try:
-            self.settings = image.PreprocessSettings.from_parameters(
-                triton_io.parameters(args["model_config"])
-            )
-        except ValueError as exc:
-            raise ConfigurationError(f"model {args['model_name']!r}: {exc}") from None
+        self.settings = image.PreprocessSettings.from_parameters(
+            triton_io.parameters(args["model_config"]), args["model_name"]
+        )
 
     def execute(self, requests):
         """Preprocess every request of this call; bad ones fail alone."""

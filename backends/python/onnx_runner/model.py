@@ -15,6 +15,6 @@ class TritonPythonModel:
         self.input_names = [spec.name for spec in self.runner.config.inputs]
 
     def execute(self, requests):
-        """Answer each request with its outputs, or with its own INVALID_ARG error."""
+        """Answer each request with its outputs or its own error (INVALID_ARG or INTERNAL)."""
         inputs = triton_io.request_inputs(pb_utils, requests, self.input_names)
         return triton_io.responses(pb_utils, self.runner.run(inputs))

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from pipeline_ops.batching import InvalidInput, Prepared, run_batched
+from .batching import Prepared, run_batched
+from .errors import ConfigurationError, InvalidInput
 
 INPUT_NAME = "IMAGE"
 OUTPUT_NAME = "pixel_values"
@@ -63,19 +64,22 @@ class PreprocessSettings:
     def __post_init__(self) -> None:
         for name in ("image_size", "resize_shorter", "max_pixels"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"parameter {name!r} must be positive, got {getattr(self, name)}")
+                raise ConfigurationError(
+                    f"parameter {name!r} must be positive, got {getattr(self, name)}"
+                )
         if self.resize_shorter < self.image_size:
-            raise ValueError(
+            raise ConfigurationError(
                 f"parameter 'resize_shorter' ({self.resize_shorter}) must be at least "
                 f"'image_size' ({self.image_size}) so the centre crop fits"
             )
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str]) -> PreprocessSettings:
+    def from_parameters(cls, parameters: Mapping[str, str], model: str) -> PreprocessSettings:
         """Build settings from Triton config parameters (string values); absent keys keep defaults.
 
         Raises:
-            ValueError: a parameter is not a positive integer, naming it.
+            ConfigurationError: a parameter is not a positive integer (or ``resize_shorter`` is
+                below ``image_size``), naming the model and the parameter.
         """
         values = {}
         for name in ("image_size", "resize_shorter", "max_pixels"):
@@ -83,10 +87,14 @@ class PreprocessSettings:
                 try:
                     values[name] = int(parameters[name])
                 except ValueError:
-                    raise ValueError(
-                        f"parameter {name!r} must be an integer, got {parameters[name]!r}"
+                    raise ConfigurationError(
+                        f"model {model!r}: parameter {name!r} must be an integer, "
+                        f"got {parameters[name]!r}"
                     ) from None
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"model {model!r}: {exc}") from None
 
 
 def _problem(row: int | None, text: str) -> InvalidInput:
@@ -253,11 +261,12 @@ def prepare_request(
 
 def preprocess_requests(
     requests: Sequence[Mapping[str, np.ndarray | None]], settings: PreprocessSettings
-) -> list[dict[str, np.ndarray] | InvalidInput]:
+) -> list[dict[str, np.ndarray] | Exception]:
     """Preprocess all requests of one ``execute`` call; a bad request fails alone.
 
     Returns:
-        Per request, ``{"pixel_values": ...}`` or the ``InvalidInput`` that rejected it.
+        Per request, ``{"pixel_values": ...}`` or the exception that failed it (``InvalidInput``
+        for a bad image).
     """
     return run_batched(
         requests,

@@ -1,5 +1,6 @@
 """ONNX Runtime execution for the generic ``onnx_runner`` Python model (CPU target): one session,
-requests validated one by one, ragged inputs padded, rows run in length-homogeneous chunks.
+requests validated one by one (variable dims within ``max_dims``), ragged inputs padded, rows run
+in length-homogeneous chunks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .batching import run_batched
+from .batching import pad_stack, run_batched
 from .errors import ConfigurationError, InvalidInput
 
 # Triton data types (model config spelling) -> NumPy dtypes.
@@ -63,6 +64,7 @@ class RunnerConfig:
     intra_op_threads: int = 1
     inter_op_threads: int = 1
     pad_values: Mapping[str, Any] = field(default_factory=dict)
+    max_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     run_overhead: int = DEFAULT_RUN_OVERHEAD
 
     @classmethod
@@ -71,12 +73,16 @@ class RunnerConfig:
 
         Parameters read (string values): ``onnx_file`` (default ``model.onnx``),
         ``intra_op_threads`` (1), ``inter_op_threads`` (1), ``pad_values`` (JSON object input
-        name -> value; required for every input with a ``-1`` dim), ``run_overhead`` (rows of
-        different lengths are split into chunks when a chunk saves more padded positions than
-        this; ``0`` runs every execute call as one padded batch).
+        name -> value; required for every input with a ``-1`` dim), ``max_dims`` (JSON object
+        input name -> the largest size of each of its ``dims``, e.g. ``{"input_ids": [256]}``;
+        required for every input with a ``-1`` dim, fixed dims repeat their size; a request
+        beyond it is rejected), ``run_overhead`` (rows of different lengths are split into chunks
+        when a chunk saves more padded positions than this; ``0`` runs every execute call as one
+        padded batch).
 
         Raises:
-            ConfigurationError: a parameter is malformed or a ragged input has no pad value.
+            ConfigurationError: a parameter is malformed or a ragged input has no pad value or
+                no maximum dims.
         """
         if isinstance(config, str):
             config = json.loads(config)
@@ -114,28 +120,45 @@ class RunnerConfig:
                 )
             return value
 
-        try:
-            pad_values = json.loads(params.get("pad_values") or "{}")
-        except json.JSONDecodeError as exc:
-            raise ConfigurationError(
-                f"model '{name}': parameter 'pad_values' is not valid JSON ({exc})"
-            ) from None
-        if not isinstance(pad_values, dict):
-            raise ConfigurationError(
-                f"model '{name}': parameter 'pad_values' must be a JSON object"
-            )
-        known = {s.name for s in inputs}
-        unknown = sorted(set(pad_values) - known)
-        if unknown:
-            raise ConfigurationError(
-                f"model '{name}': parameter 'pad_values' names unknown inputs {unknown}"
-            )
-        missing = [s.name for s in inputs if s.ragged_axes and s.name not in pad_values]
-        if missing:
-            raise ConfigurationError(
-                f"model '{name}': inputs {missing} have variable dims but no entry in "
-                f"parameter 'pad_values'"
-            )
+        def per_input(key: str) -> dict[str, Any]:
+            """A JSON object parameter keyed by input name, with an entry for every ragged input."""
+            try:
+                value = json.loads(params.get(key) or "{}")
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(
+                    f"model '{name}': parameter '{key}' is not valid JSON ({exc})"
+                ) from None
+            if not isinstance(value, dict):
+                raise ConfigurationError(f"model '{name}': parameter '{key}' must be a JSON object")
+            unknown = sorted(set(value) - {s.name for s in inputs})
+            if unknown:
+                raise ConfigurationError(
+                    f"model '{name}': parameter '{key}' names unknown inputs {unknown}"
+                )
+            missing = [s.name for s in inputs if s.ragged_axes and s.name not in value]
+            if missing:
+                raise ConfigurationError(
+                    f"model '{name}': inputs {missing} have variable dims but no entry in "
+                    f"parameter '{key}'"
+                )
+            return value
+
+        pad_values = per_input("pad_values")
+        max_dims = {}
+        for input_name, sizes in per_input("max_dims").items():
+            dims = next(s.dims for s in inputs if s.name == input_name)
+            if not (
+                isinstance(sizes, list)
+                and len(sizes) == len(dims)
+                and all(type(m) is int and m > 0 for m in sizes)
+                and all(d < 0 or m == d for m, d in zip(sizes, dims))
+            ):
+                raise ConfigurationError(
+                    f"model '{name}': parameter 'max_dims' entry '{input_name}' must list a "
+                    f"positive size for each of its dims {list(dims)} (a fixed dim repeats its "
+                    f"size), got {sizes!r}"
+                )
+            max_dims[input_name] = tuple(sizes)
         return cls(
             model_name=name,
             inputs=inputs,
@@ -144,6 +167,7 @@ class RunnerConfig:
             intra_op_threads=integer("intra_op_threads", 1),
             inter_op_threads=integer("inter_op_threads", 1),
             pad_values=pad_values,
+            max_dims=max_dims,
             run_overhead=integer("run_overhead", DEFAULT_RUN_OVERHEAD),
         )
 
@@ -173,19 +197,6 @@ def make_session(path: str | Path, intra_op_threads: int, inter_op_threads: int 
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def pad_stack(arrays: Sequence[np.ndarray], pad_value: Any) -> np.ndarray:
-    """Concatenate arrays along axis 0, right-padding every other axis to its largest size."""
-    shape = [sum(a.shape[0] for a in arrays)] + [
-        max(a.shape[axis] for a in arrays) for axis in range(1, arrays[0].ndim)
-    ]
-    out = np.full(shape, pad_value, dtype=arrays[0].dtype)
-    row = 0
-    for a in arrays:
-        out[(slice(row, row + a.shape[0]),) + tuple(slice(0, n) for n in a.shape[1:])] = a
-        row += a.shape[0]
-    return out
 
 
 def plan_chunks(lengths: Sequence[int], run_overhead: int) -> list[list[int]]:
@@ -232,7 +243,8 @@ class OnnxRunner:
     of the call. For ``[rows, length]`` inputs, trailing positions where every ragged input equals
     its pad value are treated as padding: rows are trimmed to their real length, sorted, and run in
     the chunks :func:`plan_chunks` picks. This relies on the premise of ``pad_values``: padding
-    does not change a row's outputs.
+    does not change a row's outputs. A request whose variable dims exceed ``max_dims`` is
+    rejected before it reaches ONNX Runtime.
     """
 
     def __init__(self, config: RunnerConfig, session: Any):
@@ -266,8 +278,14 @@ class OnnxRunner:
         )
         self._ragged = ragged
 
+    @property
+    def chunks_by_length(self) -> bool:
+        """True when ``compute`` splits rows into length chunks (``run_overhead`` > 0)."""
+        return self._chunkable and self.config.run_overhead > 0
+
     def prepare(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Validate one request: every input present, dtype and rank as configured.
+        """Validate one request: every input present, dtype and rank as configured, variable dims
+        within ``max_dims``.
 
         Raises:
             InvalidInput: names the input and the problem.
@@ -298,6 +316,13 @@ class OnnxRunner:
                     )
             if value.shape[0] == 0:
                 raise InvalidInput(f"input '{spec.name}' holds an empty batch (0 rows)")
+            limits = self.config.max_dims.get(spec.name, ())
+            for axis, limit in enumerate(limits, start=1):
+                if value.shape[axis] > limit:
+                    raise InvalidInput(
+                        f"input '{spec.name}' has shape {list(value.shape)}: axis {axis} holds "
+                        f"{value.shape[axis]}, above this model's limit of {limit} (max_dims)"
+                    )
             prepared[spec.name] = value
         if self._chunkable:
             lengths = {prepared[s.name].shape[1] for s in self._ragged}
@@ -316,7 +341,12 @@ class OnnxRunner:
         return np.where(content.any(axis=1), last, 1)
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        outputs = self.session.run(self.output_names, dict(feed))
+        try:
+            outputs = self.session.run(self.output_names, dict(feed))
+        except Exception as exc:  # ONNX Runtime's own exception types
+            raise RuntimeError(
+                f"model '{self.config.model_name}': ONNX Runtime failed: {exc}"
+            ) from exc
         return [
             np.ascontiguousarray(out, dtype=spec.dtype)
             for out, spec in zip(outputs, self.config.outputs)
@@ -355,8 +385,10 @@ class OnnxRunner:
 
     def run(
         self, requests: Sequence[Mapping[str, Any]]
-    ) -> list[dict[str, np.ndarray] | InvalidInput]:
-        """Answer one ``execute`` call: per request its outputs, or its own ``InvalidInput``."""
+    ) -> list[dict[str, np.ndarray] | Exception]:
+        """Answer one ``execute`` call: per request its outputs, or its own error (see
+        ``run_batched``: ``InvalidInput`` for a bad request, what the run raised for a request
+        ONNX Runtime fails on)."""
         return run_batched(requests, self.prepare, self.compute)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from .batching import run_batched
+from .batching import pad_stack, run_batched
 from .errors import ConfigurationError, InvalidInput
 
 TEXT_INPUT = "TEXT"
@@ -30,7 +30,7 @@ def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
     truncated to their first ``max_length`` tokens; the request still succeeds. This mirrors
     sentence-transformers, which truncates at the model's ``max_seq_length``. Padding settings
     stored in the file (all-MiniLM-L6-v2's pads every text to 128) are switched off: padding is
-    decided per request by :func:`pad_rows`.
+    decided per request by :func:`tokenize_requests`.
 
     Args:
         path: the ``tokenizer.json`` file.
@@ -123,26 +123,16 @@ def bucket_length(length: int, buckets: Sequence[int]) -> int:
     return length
 
 
-def pad_rows(
-    rows: Sequence[Sequence[int]], pad_value: int = 0, buckets: Sequence[int] = ()
-) -> np.ndarray:
-    """Stack token rows into one INT64 ``[rows, length]`` array, right-padded with ``pad_value``.
+def pad_token_id(tokenizer: Tokenizer) -> int:
+    """The id written into padded ``input_ids`` positions: ``[PAD]``'s, or 0 without one."""
+    return tokenizer.token_to_id("[PAD]") or 0
 
-    Args:
-        rows: token ids (or mask values) per row.
-        pad_value: the fill value.
-        buckets: when given, ``length`` is rounded up to the smallest bucket holding the longest
-            row (fixed-shape padding); otherwise ``length`` is the longest row.
 
-    Returns:
-        The padded array.
-    """
-    longest = max(len(r) for r in rows)
-    length = bucket_length(longest, buckets) if buckets else longest
-    out = np.full((len(rows), length), pad_value, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+def _padded(rows: Sequence[Sequence[int]], pad_value: int, buckets: Sequence[int]) -> np.ndarray:
+    """INT64 ``[rows, length]``: ``length`` is the longest row, rounded up to a bucket if any."""
+    arrays = [np.asarray(r, dtype=np.int64)[np.newaxis] for r in rows]
+    length = bucket_length(max(len(r) for r in rows), buckets)
+    return pad_stack(arrays, pad_value, (length,))
 
 
 def tokenize_requests(
@@ -151,11 +141,11 @@ def tokenize_requests(
     pad_id: int = 0,
     buckets: Sequence[int] = (),
     max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
-) -> list[dict[str, np.ndarray] | InvalidInput]:
+) -> list[dict[str, np.ndarray] | Exception]:
     """Tokenize the ``TEXT`` input of every request of one ``execute`` call.
 
     All valid requests are encoded together with one ``encode_batch`` call. Each request's rows
-    are padded to the longest row of that request (or to a bucket, see :func:`pad_rows`), so
+    are padded to the longest row of that request (or to the smallest bucket holding it), so
     requests keep their own sequence length and the encoder (ragged batching) pads once per
     execution. Texts longer than the tokenizer's truncation length are truncated; texts above
     ``max_text_bytes`` are rejected.
@@ -169,7 +159,7 @@ def tokenize_requests(
 
     Returns:
         Per request, in order: ``{"input_ids", "attention_mask"}`` INT64 ``[rows, length]``, or
-        the ``InvalidInput`` that rejected it.
+        the exception that failed it (``InvalidInput`` for a bad request).
     """
 
     def prepare(inputs: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -186,15 +176,15 @@ def tokenize_requests(
         }
 
     results = run_batched(requests, prepare, compute)
-    out: list[dict[str, np.ndarray] | InvalidInput] = []
+    out: list[dict[str, np.ndarray] | Exception] = []
     for result in results:
-        if isinstance(result, InvalidInput):
+        if isinstance(result, Exception):
             out.append(result)
             continue
         out.append(
             {
-                "input_ids": pad_rows(result["input_ids"], pad_id, buckets),
-                "attention_mask": pad_rows(result["attention_mask"], 0, buckets),
+                "input_ids": _padded(result["input_ids"], pad_id, buckets),
+                "attention_mask": _padded(result["attention_mask"], 0, buckets),
             }
         )
     return out

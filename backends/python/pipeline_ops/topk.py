@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline_ops.batching import Prepared, run_batched
-from pipeline_ops.errors import ConfigurationError, InvalidInput
+from .batching import Prepared, run_batched
+from .errors import ConfigurationError, InvalidInput
 
 INPUT_NAME = "logits"
 OUTPUTS = ("class_index", "score", "label")
@@ -87,7 +87,7 @@ def prepare_request(inputs: Mapping[str, np.ndarray | None], num_classes: int) -
 
 def postprocess_requests(
     requests: Sequence[Mapping[str, np.ndarray | None]], labels: np.ndarray, k: int
-) -> list[dict[str, np.ndarray] | InvalidInput]:
+) -> list[dict[str, np.ndarray] | Exception]:
     """Top-k over all requests of one ``execute`` call in one vectorised pass.
 
     Args:
@@ -96,8 +96,8 @@ def postprocess_requests(
         k: classes per row, ``1 <= k <= len(labels)``.
 
     Returns:
-        Per request ``{"class_index", "score", "label"}`` each ``[rows, k]``, or its
-        ``InvalidInput``.
+        Per request ``{"class_index", "score", "label"}`` each ``[rows, k]``, or the exception
+        that failed it (``InvalidInput`` for a bad request).
     """
     if not 1 <= k <= len(labels):
         raise ValueError(f"top_k must be between 1 and {len(labels)} (the labels), got {k}")

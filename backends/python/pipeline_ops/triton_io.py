@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InvalidInput
+
 
 def parameters(model_config: Mapping[str, Any] | str) -> dict[str, str]:
     """The config's ``parameters`` as plain strings (Triton stores them as ``string_value``)."""
@@ -43,11 +45,20 @@ def request_inputs(
 
 
 def responses(pb_utils: Any, results: Iterable[Mapping[str, np.ndarray] | Exception]) -> list:
-    """One ``InferenceResponse`` per result: its outputs, or its own INVALID_ARG error."""
+    """One ``InferenceResponse`` per result: its outputs, or its own error.
+
+    ``InvalidInput`` (a bad request) becomes ``TritonError.INVALID_ARG``; any other exception (the
+    model failed on that request) becomes ``TritonError.INTERNAL``.
+    """
     answers = []
     for result in results:
         if isinstance(result, Exception):
-            error = pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)
+            code = (
+                pb_utils.TritonError.INVALID_ARG
+                if isinstance(result, InvalidInput)
+                else pb_utils.TritonError.INTERNAL
+            )
+            error = pb_utils.TritonError(str(result) or type(result).__name__, code)
             answers.append(pb_utils.InferenceResponse(error=error))
         else:
             tensors = [pb_utils.Tensor(name, value) for name, value in result.items()]

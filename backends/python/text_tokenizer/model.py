@@ -18,7 +18,7 @@ class TritonPythonModel:
             triton_io.parameters(config), triton_io.version_dir(args), config["name"]
         )
         self.tokenizer = text.load_tokenizer(self.settings.tokenizer_file, self.settings.max_length)
-        self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
+        self.pad_id = text.pad_token_id(self.tokenizer)
 
     def execute(self, requests):
         """Answer each request with its tokens, or with its own INVALID_ARG error."""

