@@ -51,7 +51,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXTS = ROOT / "loadtests" / "data" / "texts.txt"
-SERVERS = ("triton", "pytriton", "fastapi")
+SERVERS = ("triton", "pytriton", "pytriton-chunks", "fastapi")
 MODEL = "text_embedding"  # the model name on both Triton servers
 EMBEDDING_DIM = 384
 TEXT_MODELS = ["text_embedding", "text_tokenizer", "minilm_encoder"]
@@ -151,6 +151,7 @@ def format_table(results: Sequence[RunResult]) -> str:
 LABELS = {
     "triton": "ours: text_embedding ensemble",
     "pytriton": "PyTriton @batch (tok+ORT)",
+    "pytriton-chunks": "PyTriton @batch, length chunks",
     "fastapi": "FastAPI+uvicorn 1 worker (sync)",
 }
 
@@ -372,11 +373,9 @@ def _load_compute(onnx_file: str, tokenizer_file: str, max_length: int, intra: i
     return tokenizer, session, names
 
 
-def _encode(tokenizer: Any, session: Any, names: Sequence[str], texts: Sequence[str]):
-    """Tokenize ``texts`` together, pad to the longest, one ONNX Runtime run -> [n, 384]."""
+def _run_padded(session: Any, names: Sequence[str], encodings: Sequence[Any]) -> Any:
     import numpy as np
 
-    encodings = tokenizer.encode_batch(list(texts), add_special_tokens=True)
     longest = max(len(e.ids) for e in encodings)
     ids = np.zeros((len(encodings), longest), np.int64)
     mask = np.zeros((len(encodings), longest), np.int64)
@@ -385,6 +384,26 @@ def _encode(tokenizer: Any, session: Any, names: Sequence[str], texts: Sequence[
         mask[i, : len(e.attention_mask)] = e.attention_mask
     feed = {"input_ids": ids, "attention_mask": mask}
     return session.run(None, {n: feed[n] for n in names})[0]
+
+
+def _encode(tokenizer: Any, session: Any, names: Sequence[str], texts: Sequence[str],
+            run_overhead: int = 0) -> Any:
+    """Tokenize ``texts`` together; pad to the longest and run ONNX Runtime once -> [n, 384].
+
+    With ``run_overhead`` > 0 the rows are split into length chunks exactly as our
+    ``onnx_runner`` does (``pipeline_ops.onnx_session.plan_chunks``), one run per chunk.
+    """
+    import numpy as np
+
+    encodings = tokenizer.encode_batch(list(texts), add_special_tokens=True)
+    if run_overhead <= 0 or len(encodings) == 1:
+        return _run_padded(session, names, encodings)
+    from pipeline_ops.onnx_session import plan_chunks
+
+    out = np.empty((len(encodings), EMBEDDING_DIM), np.float32)
+    for chunk in plan_chunks([len(e.ids) for e in encodings], run_overhead):
+        out[chunk] = _run_padded(session, names, [encodings[i] for i in chunk])
+    return out
 
 
 def serve_pytriton(args: argparse.Namespace) -> None:
@@ -400,7 +419,8 @@ def serve_pytriton(args: argparse.Namespace) -> None:
     @batch
     def infer(TEXT: np.ndarray) -> dict[str, np.ndarray]:
         texts = [bytes(v).decode("utf-8") for v in TEXT[:, 0]]
-        return {"EMBEDDING": _encode(tokenizer, session, names, texts).astype(np.float32)}
+        embeddings = _encode(tokenizer, session, names, texts, args.run_overhead)
+        return {"EMBEDDING": embeddings.astype(np.float32)}
 
     config = TritonConfig(
         http_address="127.0.0.1", http_port=args.http_port,
@@ -465,6 +485,7 @@ def child_main(argv: Sequence[str]) -> None:
     parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--queue-delay-us", type=int, default=2000)
+    parser.add_argument("--run-overhead", type=int, default=0)
     args = parser.parse_args(argv)
     (serve_pytriton if args.serve == "pytriton" else serve_fastapi)(args)
 
@@ -678,12 +699,16 @@ class ComputeSetup:
     max_length: int
     intra_op_threads: int
     inter_op_threads: int
+    run_overhead: int  # our onnx_runner's length-chunk cost model (used by pytriton-chunks)
 
 
 def read_compute_setup(repository: Path) -> ComputeSetup:
     """``model.onnx``, ``max_length`` and ONNX Runtime threads of the built text models."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
+
+    sys.path.insert(0, str(ROOT / "backends" / "python"))
+    from pipeline_ops.onnx_session import DEFAULT_RUN_OVERHEAD
 
     def parameters(model: str) -> dict[str, str]:
         path = repository / model / "config.pbtxt"
@@ -697,7 +722,8 @@ def read_compute_setup(repository: Path) -> ComputeSetup:
         raise SystemExit(f"{onnx_file} not found in the built repository")
     return ComputeSetup(onnx_file=onnx_file, max_length=int(tok.get("max_length", "256")),
                         intra_op_threads=int(enc.get("intra_op_threads", "1")),
-                        inter_op_threads=int(enc.get("inter_op_threads", "1")))
+                        inter_op_threads=int(enc.get("inter_op_threads", "1")),
+                        run_overhead=int(enc.get("run_overhead", DEFAULT_RUN_OVERHEAD)))
 
 
 def _max_abs_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float:
@@ -741,16 +767,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         probes.setdefault(server, seen)
                 finally:
                     embedded.stop()
-            elif server == "pytriton":
+            elif server in ("pytriton", "pytriton-chunks"):
                 http_port, grpc_port, metrics_port = _free_ports(3)
                 extra = [*compute, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                          "--metrics-port", str(metrics_port), "--max-batch",
                          str(args.pytriton_max_batch), "--queue-delay-us",
-                         str(args.pytriton_queue_delay_us)]
+                         str(args.pytriton_queue_delay_us), "--run-overhead",
+                         str(setup.run_overhead if server == "pytriton-chunks" else 0)]
                 ready = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready"
-                print("starting PyTriton ...", file=sys.stderr, flush=True)
+                print(f"starting {server} ...", file=sys.stderr, flush=True)
                 token = secrets.token_urlsafe(24)
-                with child_server("pytriton", extra, ready, args.output / "pytriton.log",
+                with child_server("pytriton", extra, ready, args.output / f"{server}.log",
                                   args.start_timeout, {TOKEN_ENV: token}):
                     for proto in protocols:
                         port = http_port if proto == "http" else grpc_port

@@ -4,6 +4,7 @@ server computes, and one short real run against the embedded server.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -44,6 +45,40 @@ def test_save_plot_writes_a_png(tmp_path: Path):
               [_served("grpc", 1, 50.0), _served("grpc", 8, 150.0), _served("http", 8, 140.0)],
               path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _RecordingSession:
+    def __init__(self, inner):
+        self.inner, self.shapes = inner, []
+
+    def run(self, names, feed):
+        self.shapes.append(feed["input_ids"].shape)
+        return self.inner.run(names, feed)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_in_process_encoder_runs_the_served_onnx_runner_with_its_config_and_chunks(
+    built_repository,
+):
+    from pipeline_ops.onnx_session import RunnerConfig
+
+    setup = read_setup(built_repository)
+    encoder = InProcessEncoder(setup)
+    served = RunnerConfig.from_model_config(setup.encoder_config)
+    assert type(encoder.chunked_runner).__name__ == "OnnxRunner"
+    assert encoder.chunked_runner.config == served and served.max_dims["input_ids"] == (256,)
+    assert encoder.padded_runner.config == dataclasses.replace(served, run_overhead=0)
+    assert encoder.can_chunk
+
+    session = _RecordingSession(encoder.chunked_runner.session)
+    encoder.chunked_runner.session = encoder.padded_runner.session = session
+    texts = ["short one"] * 4 + [" ".join(["a much longer text"] * 20)] * 4
+    padded = encoder.encode(texts)
+    assert session.shapes == [(8, 82)]  # one run padded to the longest text
+    chunked = encoder.encode(texts, chunked=True)
+    assert sorted(session.shapes[1:]) == [(4, 4), (4, 82)]  # the served length chunks
+    np.testing.assert_allclose(chunked, padded, atol=1e-5)
 
 
 @pytest.mark.torch

@@ -16,7 +16,13 @@ from click.testing import CliRunner
 from tritonclient.grpc import model_config_pb2
 
 from tools.build.command import build_repo, check_repository
-from tools.build.config import TensorConfig, TritonModelConfig, config_message, parse_config, render
+from tools.build.config import (
+    TensorConfig,
+    TritonModelConfig,
+    config_message,
+    parse_config,
+    render,
+)
 from tools.build.ensemble import render_all
 from tools.build.spec import load_spec
 from tools.errors import ConfigError

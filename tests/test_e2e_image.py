@@ -14,18 +14,16 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import skimage
+import torch
+import tritonclient.grpc as tritonclient_grpc
+import tritonclient.http as tritonclient_http
+from PIL import Image
+from pipeline_ops import image, topk
+from tritonclient.utils import InferenceServerException
 
-torch = pytest.importorskip("torch", reason="the in-process reference runs the PyTorch model")
-skimage = pytest.importorskip("skimage", reason="scikit-image's wheel carries the test photos")
-tritonclient_http = pytest.importorskip("tritonclient.http", reason="the HTTP client is needed")
-tritonclient_grpc = pytest.importorskip("tritonclient.grpc", reason="the gRPC client is needed")
-
-from PIL import Image  # noqa: E402
-from pipeline_ops import image, topk  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from tools.errors import ServerError  # noqa: E402
-from tools.models import efficientnet_lite0  # noqa: E402
+from tools.errors import ServerError
+from tools.models import efficientnet_lite0
 
 pytestmark = [pytest.mark.server, pytest.mark.torch]
 

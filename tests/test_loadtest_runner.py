@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tools.errors import LoadTestError
@@ -93,9 +94,15 @@ def test_parse_progress_reads_fields_and_ignores_other_lines():
 
 
 def _locust_children(marker: str) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:]
-            if marker in line and "locust" in line and str(os.getpid()) != line.split()[0]]
+    """Live Locust processes whose command line mentions ``marker`` (read from /proc: `ps`
+    cuts command lines to $COLUMNS, which pytest sets)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if (marker in cmdline and "locust" in cmdline and proc.info["pid"] != os.getpid()
+                and proc.info["status"] != psutil.STATUS_ZOMBIE):
+            found.append(proc.info["pid"])
+    return found
 
 
 @pytest.mark.load
@@ -163,7 +170,7 @@ def test_ctrl_c_to_tools_loadtest_leaves_no_locust_process_behind(tmp_path):
         if tools.poll() is None:
             tools.kill()
         for pid in _locust_children(str(report_dir)):
-            os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
     assert tools.returncode != 0, err
     assert "Traceback" not in err
@@ -181,3 +188,23 @@ def test_run_names_the_summary_file_when_the_run_left_it_half_written(tmp_path, 
     message = str(caught.value)
     assert message.startswith(f"gate summary {tmp_path / 'summary.json'} is unreadable or not JSON")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "shown"),
+    [
+        ("loadtest", "--slo-file", "loadtests/slo.yaml of this project"),
+        ("bench", "--texts", "loadtests/data/texts.txt of this project"),
+    ],
+)
+def test_help_shows_a_project_relative_default_not_this_machines_path(command, option, shown):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    result = CliRunner().invoke(cli, [command, "--help"], terminal_width=200)
+
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.strip().startswith(option)]
+    assert shown in line
+    assert str(LOCUSTFILE.parents[1]) not in result.output

@@ -297,3 +297,92 @@ def test_serve_restarts_the_server_when_a_python_stub_dies(serve_process, toy_re
     assert int(again["pid"]) != first_pid and not _alive(first_pid)
     np.testing.assert_array_equal(answer, np.full((1, 1), 2, np.float32))
     assert code == 0
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    return [
+        p.info["pid"]
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if text in " ".join(p.info["cmdline"] or []) and _alive(p.info["pid"])
+    ]
+
+
+def test_background_refuses_a_pid_file_whose_folder_cannot_be_made_before_starting(
+    toy_repository, tmp_path
+):
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    pid_file = not_a_folder / "triton.pid"
+    log = tmp_path / "server.log"
+
+    result = subprocess.run(
+        [*TOOLS, "serve", "--repository", str(toy_repository), *FREE_PORTS, "--background",
+         "--pid-file", str(pid_file), "--log-file", str(log)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"Error: cannot write pid file {pid_file}: ")
+    assert not log.exists(), "no server may start when its pid cannot be recorded"
+    assert _processes_mentioning(str(log)) == []
+
+
+def test_background_stops_the_server_when_the_pid_file_cannot_be_written_after_start(
+    toy_repository, tmp_path, monkeypatch
+):
+    from tools.serve import command
+
+    repo = tmp_path / "repo"
+    shutil.copytree(toy_repository, repo, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+    pid_file = tmp_path / "run" / "triton.pid"
+    started: list[int] = []
+
+    def refuse(path, pid):
+        started.append(pid)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(command, "_write_pid_file", refuse)
+    try:
+        result = CliRunner().invoke(
+            cli,
+            ["serve", "--repository", str(repo), *FREE_PORTS, "--background", "--pid-file",
+             str(pid_file), "--exit-timeout", "2"],
+        )
+    finally:
+        for pid in started:
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: cannot write pid file {pid_file}: Permission denied; the server was stopped"
+    )
+    assert len(started) == 1 and not _alive(started[0])
+    assert _processes_mentioning(str(repo)) == []  # no tritonserver, no stub
+    assert not pid_file.exists()
+
+
+def _fake_tritonserver(tmp_path, options: list[str]):
+    binary = tmp_path / "fake-bin" / "tritonserver"
+    binary.parent.mkdir()
+    lines = "\n".join(f"  {o} <string>" for o in options)
+    binary.write_text(f"#!/bin/sh\ncat <<'EOF'\nUsage: tritonserver [options]\n{lines}\nEOF\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_serve_refuses_a_binary_that_cannot_restrict_the_admin_apis(toy_repository, tmp_path):
+    binary = _fake_tritonserver(tmp_path, ["--model-repository", "--http-port"])
+
+    result = CliRunner().invoke(
+        cli, ["serve", "--repository", str(toy_repository), *FREE_PORTS, "--binary", str(binary)]
+    )
+
+    assert result.exit_code == 1, result.output
+    (error,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert error.startswith(
+        f"Error: tritonserver {binary} has no --http-restricted-api / --grpc-restricted-protocol,"
+        " so its admin APIs (model-repository, shared-memory, trace, logging) would be open"
+    )
+    assert "--allow-open-admin-apis" in error

@@ -135,7 +135,8 @@ def _server(repository: Path, url: str | None, grpc_url: str | None,
               "(with --grpc-url; default: start the embedded server).")
 @click.option("--grpc-url", help="gRPC host:port of that server.")
 @click.option("--texts", "texts_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_TEXTS, show_default=True, help="One text per line.")
+              default=DEFAULT_TEXTS, show_default="loadtests/data/texts.txt of this project",
+              help="One text per line.")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
               help="In-process batch sizes.")
 @click.option("--concurrency", default="1,8,32", show_default=True,

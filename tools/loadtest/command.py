@@ -179,7 +179,8 @@ def write_overview(results: list[RunResult], report_dir: Path) -> Path:
 @click.option("--warmup", type=click.FloatRange(min=0), help="Seconds excluded at the start.")
 @click.option("--slo-profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
 @click.option("--slo-file", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_SLO_FILE, show_default=True)
+              default=DEFAULT_SLO_FILE, show_default="loadtests/slo.yaml of this project",
+              help="SLO targets and default loads per profile and scenario.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("loadtest-report"), show_default=True)
 @click.option("--stop-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,

@@ -228,7 +228,7 @@ def run_locust(
                     output.append(line.rstrip("\n"))
                     log.write(line)
                     log.flush()
-            except BaseException as exc:  # e.g. on_progress raised: end the run, re-raise
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
                 failure.append(exc)
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -37,7 +37,7 @@ import urllib.request
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.errors import ServerError, UserInputError
 from tools.serve.backend_dir import (
@@ -47,6 +47,9 @@ from tools.serve.backend_dir import (
     python_backend_dir,
     pytriton_server_dir,
 )
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
+    from typing_extensions import Self
 
 LOOPBACK = "127.0.0.1"
 BINARY_ENV = "TRITONSERVER_BINARY"
@@ -708,7 +711,7 @@ class EmbeddedServer:
         self._proc.returncode = 0
         return pid
 
-    def __enter__(self) -> EmbeddedServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

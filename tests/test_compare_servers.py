@@ -1,0 +1,88 @@
+"""Tests of scripts/compare_servers.py without servers: arguments, record maths, run bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_servers.py"
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("compare_servers", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_counts_only_successes_and_takes_nearest_rank_percentiles(compare):
+    latencies = [float(v) for v in range(100, 0, -1)]  # 1..100 ms, unsorted
+    result = compare.summarise("triton", "http", 32, latencies, ["HTTP 503: busy"], 20.0)
+    assert result.requests == 100 and result.errors == 1
+    assert result.throughput == pytest.approx(5.0)  # 100 completed / 20 s; the error not counted
+    assert (result.p50_ms, result.p99_ms) == (50.0, 99.0)  # observed values, not interpolated
+    assert result.first_error == "HTTP 503: busy"
+
+
+def test_ratio_is_throughput_over_the_best_of_the_run(compare):
+    results = [compare.summarise(name, "http", 32, [10.0] * n, [], 10.0)
+               for name, n in (("triton", 400), ("pytriton", 500), ("fastapi", 250))]
+    best = compare.add_ratios(results)
+    assert best.server == "pytriton"
+    assert [r.ratio for r in results] == pytest.approx([0.8, 1.0, 0.5])
+    rows = compare.format_table(results).splitlines()
+    assert rows[2].split()[-1] == "0.80" and rows[4].split()[-1] == "0.50"
+
+
+def test_run_without_successes_reports_no_percentiles(compare):
+    result = compare.summarise("fastapi", "http", 8, [], ["timeout"] * 3, 5.0)
+    assert (result.throughput, result.p50_ms, result.p99_ms) == (0.0, None, None)
+    assert "-" in compare.format_table([result]).splitlines()[2]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--servers", "triton,torchserve"], "--servers"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--duration", "0.5"], "--duration"),
+    (["--texts", "/nonexistent/texts.txt"], "--texts"),
+    (["--repository", "/nonexistent/repo"], "--repository"),
+])
+def test_bad_arguments_exit_2_naming_the_option(compare, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        compare.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_defaults_measure_every_server_at_concurrency_32_with_bounds(compare):
+    args = compare.parse_args([])
+    assert args.servers == ["triton", "pytriton", "pytriton-chunks", "fastapi"]
+    assert (args.concurrency, args.duration, args.warmup, args.grpc) == (32, 20.0, 5.0, True)
+    assert args.max_requests > 0 and args.request_timeout > 0
+
+
+def test_max_requests_ends_the_measured_window_early(compare):
+    async def send(index: int) -> list[float]:
+        await asyncio.sleep(0.001)
+        return [0.0] * compare.EMBEDDING_DIM
+
+    started = time.perf_counter()
+    latencies, errors, seconds = asyncio.run(
+        compare.closed_loop(send, 5, concurrency=4, warmup_s=0.0, duration_s=30.0,
+                            max_requests=40))
+    assert len(latencies) == 40 and errors == []
+    assert seconds < 5 and time.perf_counter() - started < 5
+
+
+def test_both_triton_servers_get_the_identical_kserve_json_body(compare):
+    texts = ["ein Satz", "日本語のテキスト"]
+    assert compare.http_bodies("triton", texts) == compare.http_bodies("pytriton", texts)
+    assert compare.http_path("pytriton") == "/v2/models/text_embedding/infer"
+    assert compare.http_bodies("fastapi", texts)[0] == b'{"text": "ein Satz"}'
+    with pytest.raises(ValueError, match="expected 384 floats, got 3"):
+        compare.parse_http_answer("fastapi", b'{"embedding": [1, 2, 3]}')
