@@ -140,11 +140,11 @@ def probe_gpu() -> GpuInfo:
     try:
         import tensorrt as trt  # noqa: F401
     except ImportError:
-        raise NoGpu("the tensorrt package is not installed (pip install 'triton-forge[gpu]')")
+        raise NoGpu("the tensorrt package is not installed (pip install 'triton-forge[gpu]')") from None
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        raise NoGpu("no NVIDIA driver: libcuda.so.1 not found")
+        raise NoGpu("no NVIDIA driver: libcuda.so.1 not found") from None
     if cuda.cuInit(0) != 0:
         raise NoGpu("the CUDA driver failed to initialise (cuInit)")
     count = ctypes.c_int(0)
