@@ -86,3 +86,18 @@ def test_both_triton_servers_get_the_identical_kserve_json_body(compare):
     assert compare.http_bodies("fastapi", texts)[0] == b'{"text": "ein Satz"}'
     with pytest.raises(ValueError, match="expected 384 floats, got 3"):
         compare.parse_http_answer("fastapi", b'{"embedding": [1, 2, 3]}')
+
+
+def test_rounds_are_summarised_by_the_median_per_server_and_protocol(compare):
+    rows = []
+    for number, (ours, theirs) in enumerate([(40.0, 30.0), (60.0, 50.0), (50.0, 10.0)], 1):
+        for server, rate in (("triton", ours), ("fastapi", theirs)):
+            row = compare.summarise(server, "http", 32, [float(rate)] * int(rate), [], 1.0)
+            row.round = number
+            rows.append(row)
+    medians = compare.median_results(rows)
+    compare.add_ratios(medians)
+    by_server = {r.server: r for r in medians}
+    assert by_server["triton"].throughput == 50.0 and by_server["fastapi"].throughput == 30.0
+    assert by_server["fastapi"].ratio == pytest.approx(0.6)
+    assert by_server["triton"].notes == "median of 3 rounds"
