@@ -54,6 +54,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.loadtest.gate import percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXTS = ROOT / "loadtests" / "data" / "texts.txt"
 SERVERS = ("triton", "pytriton", "pytriton-chunks", "fastapi")
@@ -92,16 +94,6 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
         return asdict(self)
-
-
-def percentile(sorted_values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of ascending values (an observed value, never interpolated)."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    if not 0.0 < pct <= 100.0:
-        raise ValueError(f"percentile {pct} is outside (0, 100]")
-    rank = math.ceil(round(pct / 100.0 * len(sorted_values), 9))
-    return float(sorted_values[max(rank, 1) - 1])
 
 
 def summarise(server: str, protocol: str, concurrency: int, latencies_ms: Sequence[float],
