@@ -42,7 +42,6 @@ import os
 import platform
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.loadtest.gate import percentile
+from tools.serve.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXTS = ROOT / "loadtests" / "data" / "texts.txt"
@@ -258,19 +258,6 @@ def read_texts(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------ child processes
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _children(pid: int) -> list[int]:
@@ -758,7 +745,7 @@ def measure_server(server: str, args: argparse.Namespace, repository: Path,
         finally:
             embedded.stop()
     elif server in ("pytriton", "pytriton-chunks"):
-        http_port, grpc_port, metrics_port = _free_ports(3)
+        http_port, grpc_port, metrics_port = free_ports(3)
         extra = [*compute, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                  "--metrics-port", str(metrics_port), "--max-batch", str(args.pytriton_max_batch),
                  "--queue-delay-us", str(args.pytriton_queue_delay_us), "--run-overhead",
@@ -776,7 +763,7 @@ def measure_server(server: str, args: argparse.Namespace, repository: Path,
                 results.append(result)
                 probes.setdefault(server, seen)
     else:
-        (http_port,) = _free_ports(1)
+        (http_port,) = free_ports(1)
         ready = f"http://127.0.0.1:{http_port}/health"
         print("starting FastAPI + uvicorn ...", file=sys.stderr, flush=True)
         with child_server("fastapi", [*compute, "--http-port", str(http_port)], ready,

@@ -20,6 +20,7 @@ import pytest
 
 from tools.serve.server import (
     EmbeddedServer,
+    free_ports,
     process_group_members,
     resolve_binary,
     stub_processes,
@@ -93,20 +94,10 @@ def test_supervisor_returns_the_servers_exit_status_when_signalled(tmp_path):
     assert code == 128 + signal.SIGTERM
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for sock in socks:
-        sock.close()
-    return ports
-
-
 @pytest.mark.server
 def test_supervisor_stops_tritonserver_and_exits_1_when_a_python_stub_dies(
         toy_repository, tmp_path):
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     embedded = EmbeddedServer(toy_repository)  # not started: lends its backend dir and env
     server = [str(resolve_binary()), f"--model-repository={toy_repository}",
               f"--backend-directory={embedded.backend_directory()}",

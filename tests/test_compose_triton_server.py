@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import yaml
 from tools.serve.server import (
     EmbeddedServer,
     binary_options,
+    free_ports,
     resolve_binary,
     stub_processes,
     terminate_process_group,
@@ -51,17 +51,6 @@ def _interpolate(value: str, env: dict[str, str]) -> str:
             raise KeyError(f"{name}: {arg}")
         return arg or ""
     return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _http(url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, str]:
@@ -93,7 +82,7 @@ def compose_triton(toy_repository, tmp_path_factory) -> ComposeTriton:
     assert command[0] == "tritonserver"
     binary = resolve_binary()
     options = binary_options(binary)
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     swap = {"--model-repository=/models": f"--model-repository={toy_repository}",
             "--http-port=8000": f"--http-port={http}", "--grpc-port=8001": f"--grpc-port={grpc}",
             "--metrics-port=8002": f"--metrics-port={metrics}",

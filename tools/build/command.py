@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +28,7 @@ from tools.build.manifest import (
     artifacts_present,
     fingerprint,
     load_manifest,
+    matching_artifacts,
     manifest_text,
     module_file,
     sha256_file,
@@ -54,6 +57,13 @@ from tools.build.spec import (
 from tools.errors import BuildError, ConfigError, SpecError, ToolkitError, UserInputError
 
 _BUILDER_FILES = ("torch2onnx.py", "parity.py", "onnx2trt.py", "config.py", "repository.py")
+# What model.onnx / model.plan and their parity figures depend on (spec.py: parity_batches).
+_EXPORT_BUILDER_FILES = ("torch2onnx.py", "parity.py", "onnx2trt.py", "spec.py")
+_EXPORT_TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt")
+# The fields of a ModelSpec that shape the exported graph or its parity check.
+_EXPORT_FIELDS = ("name", "source", "sample_inputs", "weights", "inputs", "outputs", "axes",
+                  "max_batch_size", "opset", "atol", "rtol")
+_GPU_EXPORT_FIELDS = ("backend", "precision", "workspace_mb", "fp16_atol", "fp16_rtol")
 
 
 @dataclass
@@ -62,7 +72,7 @@ class ModelResult:
 
     name: str
     kind: str  # pytorch | python | ensemble
-    status: str = "pending"  # built | skipped | failed
+    status: str = "pending"  # built | repackaged (export reused) | skipped | failed
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     parity: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -144,15 +154,20 @@ def _weights(
 ) -> tuple[dict[str, str], dict[str, list[int]]]:
     """sha256 of the weight files, and their (size, mtime) for the next run.
 
-    When the model's modules are unchanged, the files they name are the ones recorded last
-    time, so the module (and torch) need not be imported; a file whose size and mtime are
-    unchanged keeps its recorded hash. This keeps a no-op rebuild to a few seconds.
+    When the model's modules and its ``weights`` reference are unchanged, the files they name
+    are the ones recorded last time, so the module (and torch) need not be imported; a file
+    whose size and mtime are unchanged keeps its recorded hash. This keeps a no-op rebuild to a
+    few seconds.
     """
     if not model.weights:
         return {}, {}
     old_inputs = previous.get("inputs", {})
     old_stat = previous.get("weights_stat", {})
-    if old_inputs.get("modules") == modules and old_inputs.get("weights") is not None:
+    if (
+        old_inputs.get("modules") == modules
+        and old_inputs.get("weights")
+        and previous.get("source", {}).get("weights") == model.weights
+    ):
         paths = [Path(p) for p in old_inputs["weights"]]
     else:
         where = f"{spec.path}: model {model.name!r}: field 'weights': "
@@ -198,6 +213,70 @@ def _pytorch_inputs(
     }
 
 
+def _export_inputs(
+    model: ModelSpec, target: str, modules: dict[str, str], weights: dict[str, str]
+) -> dict[str, Any]:
+    """The part of a PyTorch model's inputs that model.onnx, model.plan and parity depend on.
+
+    Batching, instances, warmup, the rendered config and the Python-backend files are left
+    out: changing only those repackages the model around the previous export.
+    """
+    fields = dataclasses.asdict(model)
+    here = Path(__file__).parent
+    tools = tool_versions()
+    return {
+        "target": target,
+        "model": {k: fields[k] for k in _EXPORT_FIELDS},
+        "gpu": {k: fields["gpu"][k] for k in _GPU_EXPORT_FIELDS} if target == "gpu" else None,
+        "modules": modules,
+        "weights": weights,
+        "tools": {k: tools.get(k) for k in _EXPORT_TOOLS},
+        "builder": {name: sha256_file(here / name) for name in _EXPORT_BUILDER_FILES},
+    }
+
+
+def _exported_files(model: ModelSpec, target: str, previous: dict[str, Any]) -> list[str]:
+    """The artifacts of the previous build that a repackage carries over (relative paths)."""
+    names = [cfg.ONNX_FILE]
+    if target == "gpu" and model.gpu.backend == "tensorrt":
+        if "tensorrt" not in previous:
+            return []  # the plan was not built last time (no GPU): nothing complete to reuse
+        names.append(cfg.PLAN_FILE)
+    return [f"{VERSION}/{n}{suffix}" for n in names for suffix in ("", ".reproduce.sh")]
+
+
+def _reusable_export(
+    model: ModelSpec, target: str, model_dir: Path, previous: dict[str, Any], export_print: str
+) -> list[str] | None:
+    """The previous artifacts to carry over, or None when the export must be redone."""
+    export = previous.get("export") or {}
+    if (
+        export.get("fingerprint") != export_print
+        or not export.get("built_at")
+        or previous.get("kind") != "pytorch"
+        or previous.get("target") != target
+        or "parity" not in previous
+    ):
+        return None
+    files = _exported_files(model, target, previous)
+    if not files or not matching_artifacts(model_dir, previous.get("artifacts", {}), files):
+        return None
+    return files
+
+
+def _link_or_copy(source: Path, destination: Path) -> None:
+    """Hard-link ``source`` (staging is beside the repository), copying where links fail.
+
+    Nothing writes a carried-over file in place: commit renames folders, and the previous
+    folder's name is dropped, so the new folder ends up the file's only name.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
 def _python_files(spec: RepoSpec, model: PythonModelSpec) -> dict[str, Path]:
     where = f"{spec.path}: python model {model.name!r}: field 'files': "
     return {name: resolve_file(location, spec.root, where) for name, location in model.files}
@@ -226,8 +305,6 @@ def _build_pytorch(
     spec: RepoSpec, model: ModelSpec, target: str, model_dir: Path, output: Path,
     stages: _Stages, entry: dict[str, Any], text: str,
 ) -> None:
-    import numpy as np
-
     from tools.build import onnx2trt
     from tools.build.parity import check_parity, figures_to_manifest, onnxruntime_runner
     from tools.build.torch2onnx import export_onnx, write_reproduce_script
@@ -277,25 +354,66 @@ def _build_pytorch(
                                            "cases": result.parity["tensorrt"]}
             entry["tensorrt"] = outcome.manifest_entry()
 
-    def write() -> None:
-        _write_config(model_dir, text)
-        if model.warmup is not None:
-            warm = model_dir / "warmup"
-            warm.mkdir()
-            for batch in model.warmup.batch_sizes:
-                sample = sample_fn(batch, dict(model.warmup.axes))
-                for t in model.inputs:
-                    data = np.ascontiguousarray(sample[t.name].numpy().astype(t.numpy_dtype))
-                    (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
-        if target == "cpu":
-            copy_python_backend(
-                spec.backends, cfg.ONNX_RUNNER_BACKEND, version_dir, {}, where.rstrip(": ")
-            )
-
-    stages.run("write", write)
+    stages.run("write", _write_pytorch_files, spec, model, target, model_dir, text, sample_fn)
     entry["opset"] = model.opset
     entry["source"] = {"factory": model.source, "sample_inputs": model.sample_inputs,
                        "weights": model.weights}
+
+
+def _write_pytorch_files(
+    spec: RepoSpec, model: ModelSpec, target: str, model_dir: Path, text: str, sample_fn=None
+) -> None:
+    """config.pbtxt, warmup files and (cpu target) the onnx_runner backend of a PyTorch model."""
+    import numpy as np
+
+    where = f"{spec.path}: model {model.name!r}: "
+    _write_config(model_dir, text)
+    if model.warmup is not None:
+        sample_fn = sample_fn or resolve_reference(model.sample_inputs, where)
+        warm = model_dir / "warmup"
+        warm.mkdir()
+        for batch in model.warmup.batch_sizes:
+            sample = sample_fn(batch, dict(model.warmup.axes))
+            for t in model.inputs:
+                data = np.ascontiguousarray(sample[t.name].numpy().astype(t.numpy_dtype))
+                (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
+    if target == "cpu":
+        copy_python_backend(
+            spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION, {}, where.rstrip(": ")
+        )
+
+
+def _repackage_pytorch(
+    spec: RepoSpec, model: ModelSpec, target: str, model_dir: Path, previous_dir: Path,
+    files: list[str], previous: dict[str, Any], stages: _Stages, entry: dict[str, Any], text: str,
+) -> str:
+    """Stage a PyTorch model around its previous export: no export, no parity, no onnx2trt.
+
+    Returns:
+        When the reused export (and its parity figures) was built.
+    """
+    built_at = previous["export"]["built_at"]
+
+    def carry() -> None:
+        for relative in files:
+            _link_or_copy(previous_dir / relative, model_dir / relative)
+
+    stages.run("reuse", carry)
+    for stage in ("load", "export", "parity", "onnx2trt", "parity_trt"):
+        if stage in previous.get("stages", {}):
+            stages.record[stage] = {"status": "reused", "from": built_at}
+    stages.run("write", _write_pytorch_files, spec, model, target, model_dir, text)
+    entry["parity"] = previous["parity"]
+    entry["parity_carried_over_from"] = built_at
+    if "tensorrt" in previous:
+        entry["tensorrt"] = previous["tensorrt"]
+    entry["opset"] = model.opset
+    entry["source"] = {"factory": model.source, "sample_inputs": model.sample_inputs,
+                       "weights": model.weights}
+    result = stages.result
+    result.parity = {rt: p.get("cases", []) for rt, p in previous["parity"].items()}
+    result.note = f"export reused; parity carried over from the build at {built_at}"
+    return built_at
 
 
 def _build_python(
@@ -354,7 +472,10 @@ def build_repository(
         progress: draw the live progress display (the summary is printed regardless).
 
     Returns:
-        ``BuildResult`` with each model's status (built/skipped), timings and parity figures.
+        ``BuildResult`` with each model's status, timings and parity figures: ``skipped``
+        (nothing changed), ``repackaged`` (a PyTorch model whose export inputs are unchanged:
+        config, warmup and backend files rewritten around the previous hash-checked model.onnx /
+        model.plan, parity carried over) or ``built``. ``force`` always builds.
 
     Raises:
         ToolkitError: the spec, a config, an ensemble, an export, parity or TensorRT failed. The
@@ -447,6 +568,11 @@ class _Build:
                 inputs = {"spec": spec_hash(entry_spec, target), "config": self.texts[name]}
             stats = inputs.pop("weights_stat", None)
             print_ = fingerprint(inputs)
+            export_print = None
+            if kind == "pytorch":
+                export_print = fingerprint(
+                    _export_inputs(entry_spec, target, inputs["modules"], inputs["weights"])
+                )
             model_dir = self.output / name
             if (
                 not self.force
@@ -465,9 +591,18 @@ class _Build:
             stage_dir = self.staging.model_dir(name)
             stages = _Stages(result, self.reporter)
             entry: dict[str, Any] = {"kind": kind, "target": target}
-            if kind == "pytorch":
+            now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            reuse = None
+            if kind == "pytorch" and not self.force:
+                reuse = _reusable_export(entry_spec, target, model_dir, previous, export_print)
+            if reuse is not None:
+                _repackage_pytorch(spec, entry_spec, target, stage_dir, model_dir, reuse,
+                                   previous, stages, entry, self.texts[name])
+                entry["export"] = {**previous["export"], "reused": True}
+            elif kind == "pytorch":
                 _build_pytorch(spec, entry_spec, target, stage_dir, self.output, stages, entry,
                                self.texts[name])
+                entry["export"] = {"fingerprint": export_print, "built_at": now}
             elif kind == "python":
                 _build_python(spec, entry_spec, target, stage_dir, stages, self.texts[name])
                 entry["backend"] = entry_spec.backend
@@ -481,12 +616,12 @@ class _Build:
                 stages=stages.record,
                 artifacts=artifacts_of(stage_dir),
                 weights_stat=stats or {},
-                built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                built_at=now,
             )
             self.manifest["models"][name] = entry
-            result.status = "built"
+            result.status = "repackaged" if reuse is not None else "built"
             result.seconds = time.perf_counter() - started
-            self.reporter.finish_model(name, "built", f"{result.seconds:.1f}s {result.note}")
+            self.reporter.finish_model(name, result.status, f"{result.seconds:.1f}s {result.note}")
             return None
         except Exception as exc:  # noqa: BLE001 - reported in the summary, raised by run()
             result.status = "failed"

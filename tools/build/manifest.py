@@ -2,6 +2,8 @@
 
 Per model: source and weights hashes, spec hash, tool versions, opset, parity figures, time per
 stage, artifact hashes, and a fingerprint of every input; an unchanged fingerprint skips a model.
+A PyTorch model also records an export fingerprint (what model.onnx/model.plan and parity depend
+on): when only that matches, the model is repackaged around its previous, hash-checked export.
 """
 
 from __future__ import annotations
@@ -121,3 +123,17 @@ def artifacts_present(model_dir: Path, artifacts: dict[str, dict[str, Any]]) -> 
         if not path.is_file() or path.stat().st_size != info.get("bytes"):
             return False
     return bool(artifacts)
+
+
+def matching_artifacts(
+    model_dir: Path, artifacts: dict[str, dict[str, Any]], relatives: list[str]
+) -> bool:
+    """Whether each of ``relatives`` is recorded in ``artifacts`` and its file has that sha256."""
+    for relative in relatives:
+        info = artifacts.get(relative)
+        path = Path(model_dir) / relative
+        if not info or not path.is_file() or path.stat().st_size != info.get("bytes"):
+            return False
+        if sha256_file(path) != info.get("sha256"):
+            return False
+    return bool(relatives)

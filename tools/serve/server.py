@@ -107,7 +107,8 @@ def port_in_use(port: int, host: str = LOOPBACK) -> bool:
     return False
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1 that were free a moment ago (bound together)."""
     socks = []
     try:
         for _ in range(count):
@@ -571,7 +572,7 @@ class EmbeddedServer:
                     f"choose another --{kind.lower()}-port, or 0 for a free one"
                 )
         auto = [k for k, p in self._requested_ports.items() if not p]
-        chosen = dict(zip(auto, _free_ports(len(auto))))
+        chosen = dict(zip(auto, free_ports(len(auto))))
         self._ports = {k: p or chosen[k] for k, p in self._requested_ports.items()}
 
     def start(self, timeout_s: float = 120) -> EmbeddedServer:
