@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from test_build_repository import REPO_ROOT, _toy_spec, tree_digest
 
 torch = pytest.importorskip("torch", reason="the toy build exports a real PyTorch model")
@@ -118,6 +117,8 @@ def test_changing_the_batching_delay_repackages_and_a_second_change_keeps_the_ex
     result = build_repository(spec, output, only=["toy_encoder"], progress=False)
     assert result["toy_encoder"].status == "repackaged"
     assert "max_queue_delay_microseconds: 4321" in (output / "toy_encoder" / "config.pbtxt").read_text()
+    carried = _entry(output)["carried_over"]
+    assert "warmup/input_ids_batch4.bin" in carried and "1/model.onnx" in carried
     again = build_repository(spec, output, only=["toy_encoder"], progress=False)
     assert again["toy_encoder"].status == "skipped"
     spec = _toy_spec(tmp, models__toy_encoder__dynamic_batching=delay,
@@ -127,6 +128,7 @@ def test_changing_the_batching_delay_repackages_and_a_second_change_keeps_the_ex
     assert sorted(p.name for p in (output / "toy_encoder" / "warmup").iterdir()) == [
         "attention_mask_batch2.bin", "input_ids_batch2.bin"
     ]
+    assert not [k for k in _entry(output)["carried_over"] if k.startswith("warmup/")]
     assert exports == []
     assert _onnx_sha(output) == onnx_sha
     assert _entry(output)["parity_carried_over_from"] == before["built_at"]
@@ -226,3 +228,19 @@ def test_gpu_target_whose_plan_was_not_built_exports_again(tmp_path, exports):
     result = build_repository(spec, output, target="gpu", only=["toy_encoder"], progress=False)
     assert result["toy_encoder"].status == "built"
     assert len(exports) == 2
+
+
+def test_weights_reference_added_to_an_unchanged_module_hashes_the_files_it_names(
+    repo, monkeypatch
+):
+    from tools.build.command import build_repository
+
+    tmp, output, _ = repo
+    weights = tmp / "toy.bin"
+    weights.write_bytes(b"weights")
+    monkeypatch.setenv("TOY_WEIGHTS", str(weights))
+    spec = _toy_spec(tmp, models__toy_encoder__weights="test_build_incremental:toy_weights")
+    build_repository(spec, output, only=["toy_encoder"], progress=False)
+    assert _entry(output)["inputs"]["weights"] == {
+        str(weights): hashlib.sha256(b"weights").hexdigest()
+    }

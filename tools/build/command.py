@@ -1,5 +1,9 @@
 """`tools build-repo`: spec -> ONNX (-> TensorRT) -> parity -> config.pbtxt -> model repository.
 
+Incremental: a model whose fingerprint is unchanged is skipped; a PyTorch model whose export
+fingerprint (what model.onnx/model.plan and parity depend on) is unchanged is repackaged: its
+hash-checked previous artifacts are carried over and only config/warmup/backend files rewritten.
+
 ``build_repository`` is the API (tests, the server fixtures); ``build_repo`` the click command.
 ``check_repository`` compares committed config.pbtxt files with what the spec renders (drift).
 """
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import shutil
@@ -23,17 +28,17 @@ from tools.build import config as cfg
 from tools.build.ensemble import render_all
 from tools.build.manifest import (
     MANIFEST_NAME,
-    write_atomically,
     artifacts_of,
     artifacts_present,
     fingerprint,
     load_manifest,
-    matching_artifacts,
     manifest_text,
+    matching_artifacts,
     module_file,
     sha256_file,
     sha256_tree,
     tool_versions,
+    write_atomically,
 )
 from tools.build.progress import BuildProgress
 from tools.build.repository import (
@@ -54,7 +59,13 @@ from tools.build.spec import (
     resolve_reference,
     spec_hash,
 )
-from tools.errors import BuildError, ConfigError, SpecError, ToolkitError, UserInputError
+from tools.errors import (
+    BuildError,
+    ConfigError,
+    SpecError,
+    ToolkitError,
+    UserInputError,
+)
 
 _BUILDER_FILES = ("torch2onnx.py", "parity.py", "onnx2trt.py", "config.py", "repository.py")
 # What model.onnx / model.plan and their parity figures depend on (spec.py: parity_batches).
@@ -356,19 +367,33 @@ def _build_pytorch(
 
     stages.run("write", _write_pytorch_files, spec, model, target, model_dir, text, sample_fn)
     entry["opset"] = model.opset
+    entry["warmup"] = _warmup_record(model)
     entry["source"] = {"factory": model.source, "sample_inputs": model.sample_inputs,
                        "weights": model.weights}
 
 
+def _warmup_record(model: ModelSpec) -> dict[str, Any] | None:
+    """What a PyTorch model's warmup files depend on besides its sample-input module.
+
+    In its manifest (JSON) form, so that it compares equal to the recorded one.
+    """
+    return json.loads(json.dumps(dataclasses.asdict(model.warmup))) if model.warmup else None
+
+
 def _write_pytorch_files(
-    spec: RepoSpec, model: ModelSpec, target: str, model_dir: Path, text: str, sample_fn=None
+    spec: RepoSpec, model: ModelSpec, target: str, model_dir: Path, text: str, sample_fn=None,
+    warmup: bool = True,
 ) -> None:
-    """config.pbtxt, warmup files and (cpu target) the onnx_runner backend of a PyTorch model."""
+    """config.pbtxt, warmup files and (cpu target) the onnx_runner backend of a PyTorch model.
+
+    ``warmup=False``: the warmup files were carried over (this skips importing the sample
+    module, and with it torch).
+    """
     import numpy as np
 
     where = f"{spec.path}: model {model.name!r}: "
     _write_config(model_dir, text)
-    if model.warmup is not None:
+    if model.warmup is not None and warmup:
         sample_fn = sample_fn or resolve_reference(model.sample_inputs, where)
         warm = model_dir / "warmup"
         warm.mkdir()
@@ -393,18 +418,32 @@ def _repackage_pytorch(
         When the reused export (and its parity figures) was built.
     """
     built_at = previous["export"]["built_at"]
+    artifacts = previous.get("artifacts", {})
+    # Warmup files come from the sample-input module (in the export fingerprint) and the
+    # warmup spec: when that is unchanged too, they are carried over rather than regenerated.
+    warmup = sorted(k for k in artifacts if k.startswith("warmup/"))
+    keep_warmup = (
+        model.warmup is not None
+        and bool(warmup)
+        and previous.get("warmup") == _warmup_record(model)
+        and matching_artifacts(previous_dir, artifacts, warmup)
+    )
+    carried = files + (warmup if keep_warmup else [])
 
     def carry() -> None:
-        for relative in files:
+        for relative in carried:
             _link_or_copy(previous_dir / relative, model_dir / relative)
 
     stages.run("reuse", carry)
     for stage in ("load", "export", "parity", "onnx2trt", "parity_trt"):
         if stage in previous.get("stages", {}):
             stages.record[stage] = {"status": "reused", "from": built_at}
-    stages.run("write", _write_pytorch_files, spec, model, target, model_dir, text)
+    stages.run("write", _write_pytorch_files, spec, model, target, model_dir, text,
+               warmup=not keep_warmup)
+    entry["carried_over"] = carried
     entry["parity"] = previous["parity"]
     entry["parity_carried_over_from"] = built_at
+    entry["warmup"] = _warmup_record(model)
     if "tensorrt" in previous:
         entry["tensorrt"] = previous["tensorrt"]
     entry["opset"] = model.opset
@@ -591,10 +630,10 @@ class _Build:
             stage_dir = self.staging.model_dir(name)
             stages = _Stages(result, self.reporter)
             entry: dict[str, Any] = {"kind": kind, "target": target}
-            now = datetime.now(timezone.utc).isoformat(timespec="seconds")
             reuse = None
             if kind == "pytorch" and not self.force:
                 reuse = _reusable_export(entry_spec, target, model_dir, previous, export_print)
+            now = None
             if reuse is not None:
                 _repackage_pytorch(spec, entry_spec, target, stage_dir, model_dir, reuse,
                                    previous, stages, entry, self.texts[name])
@@ -602,6 +641,7 @@ class _Build:
             elif kind == "pytorch":
                 _build_pytorch(spec, entry_spec, target, stage_dir, self.output, stages, entry,
                                self.texts[name])
+                now = datetime.now(timezone.utc).isoformat(timespec="seconds")
                 entry["export"] = {"fingerprint": export_print, "built_at": now}
             elif kind == "python":
                 _build_python(spec, entry_spec, target, stage_dir, stages, self.texts[name])
@@ -616,7 +656,7 @@ class _Build:
                 stages=stages.record,
                 artifacts=artifacts_of(stage_dir),
                 weights_stat=stats or {},
-                built_at=now,
+                built_at=now or datetime.now(timezone.utc).isoformat(timespec="seconds"),
             )
             self.manifest["models"][name] = entry
             result.status = "repackaged" if reuse is not None else "built"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tools.build.config import TritonModelConfig, TensorConfig
+from tools.build.config import TensorConfig, TritonModelConfig
 from tools.build.spec import PipelineSpec, RepoSpec
 from tools.errors import EnsembleError
 

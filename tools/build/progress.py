@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from tools.build.command import BuildResult
 
 
+
+STATUS_COLOURS = {"built": "green", "repackaged": "cyan", "skipped": "dim", "failed": "red"}
+
 class BuildProgress:
     """Live display per model and stage; ``summary`` prints the final table."""
 
@@ -64,7 +67,7 @@ class BuildProgress:
         if self._progress is not None:
             if model not in self._tasks:
                 self._tasks[model] = self._progress.add_task("", total=1, model=model)
-            colour = {"built": "green", "skipped": "dim", "failed": "red"}.get(status, "white")
+            colour = STATUS_COLOURS.get(status, "white")
             self._progress.update(
                 self._tasks[model], description=f"[{colour}]{status}[/] {detail}", total=1,
                 completed=1,
@@ -78,7 +81,7 @@ class BuildProgress:
         for m in result.models:
             stages = " ".join(f"{k} {v:.1f}s" for k, v in m.timings.items())
             parity = " ".join(f"{rt} {v:.1e}" for rt, v in m.parity_max_abs.items())
-            colour = {"built": "green", "skipped": "dim", "failed": "red"}.get(m.status, "white")
+            colour = STATUS_COLOURS.get(m.status, "white")
             table.add_row(
                 m.name, f"[{colour}]{m.status}[/]", f"{m.seconds:.1f}", stages, parity, m.note
             )
