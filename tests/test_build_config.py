@@ -171,3 +171,37 @@ def test_cli_rejects_an_unknown_only_name_as_a_usage_error(tmp_path):
     assert result.exit_code == 2
     assert "--only nope: not in" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def _spec_with_encoder(tmp_path: Path, instances_gpu: dict, gpu: dict) -> Path:
+    import yaml
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["models"]["minilm_encoder"]["instances"]["gpu"] = instances_gpu
+    data["models"]["minilm_encoder"]["gpu"] = gpu
+    path = tmp_path / "repository.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_gpu_target_onnxruntime_encoder_runs_on_cpu_instances_when_the_spec_says_kind_cpu(
+    tmp_path,
+):
+    spec = load_spec(_spec_with_encoder(tmp_path, {"count": 2, "kind": "cpu"},
+                                        {"backend": "onnxruntime"}))
+    encoder = render_all(spec, "gpu")["minilm_encoder"].to_message()
+    assert encoder.backend == "onnxruntime"
+    (group,) = encoder.instance_group
+    assert group.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert group.count == 2 and not group.gpus
+
+
+def test_spec_refuses_cpu_instances_for_a_tensorrt_plan_naming_the_field(tmp_path):
+    from tools.errors import SpecError
+
+    path = _spec_with_encoder(tmp_path, {"count": 1, "kind": "cpu"}, {"backend": "tensorrt"})
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "model 'minilm_encoder'" in message and "instances.gpu.kind" in message
+    assert "onnxruntime" in message

@@ -233,6 +233,13 @@ def _model_warmups(model: ModelSpec) -> tuple[Warmup, ...]:
     return tuple(warmups)
 
 
+def _gpu_target_instances(gpu) -> InstanceGroup:
+    """The gpu target's instance group: ``KIND_GPU`` on the listed GPUs, or ``KIND_CPU``."""
+    if gpu.kind == "cpu":
+        return InstanceGroup("KIND_CPU", gpu.count)
+    return InstanceGroup("KIND_GPU", gpu.count, gpu.gpus)
+
+
 def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
     """The config of a PyTorch model for ``target`` (cpu: Python ONNX runner; gpu: native)."""
     common = dict(
@@ -267,8 +274,7 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
             ),
             **common,
         )
-    gpu = model.instances.gpu
-    groups = (InstanceGroup("KIND_GPU", gpu.count, gpu.gpus),)
+    groups = (_gpu_target_instances(model.instances.gpu),)
     # TensorRT and the ORT backend take [batch, sequence] as given: no ragged inputs on gpu.
     inputs = _tensor_configs(model.inputs, ragged=False)
     if model.gpu.backend == "tensorrt":
@@ -312,8 +318,7 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
         count = model.instances.cpu.count if target == "cpu" else model.instances.gpu.count
         groups = (InstanceGroup("KIND_CPU", count),)
     else:
-        gpu = model.instances.gpu
-        groups = (InstanceGroup("KIND_GPU", gpu.count, gpu.gpus),)
+        groups = (_gpu_target_instances(model.instances.gpu),)
     warmups = []
     for w in model.warmup:
         dims_of = {t.name: t.dims for t in model.inputs}

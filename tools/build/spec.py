@@ -561,6 +561,12 @@ def _model(name: str, data: Any, file: Path, cpu_cores: int) -> ModelSpec:
         fp16_rtol=g.get("fp16_rtol", float, 5e-2, check=lambda v: None if v >= 0 else "must be >= 0"),
     )
     g.done()
+    if instances.gpu.kind == "cpu" and gpu.backend == "tensorrt":
+        raise f.error(
+            "instances.gpu.kind",
+            "is 'cpu', but a TensorRT plan runs only on a GPU: set gpu.backend to 'onnxruntime' "
+            "for CPU instances on the gpu target",
+        )
     version = _version_policy(f)
     f.done()
     return ModelSpec(
