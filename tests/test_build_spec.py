@@ -101,3 +101,15 @@ def test_spec_error_is_user_input_when_the_file_is_missing(tmp_path):
 def test_parity_batches_are_one_middle_and_max_when_max_batch_size_is_large():
     spec = parse_spec(_project_spec(), REPO_ROOT / "repository.yaml")
     assert spec.find("minilm_encoder").parity_batches == (1, 8, 32)
+
+
+def test_python_model_preferred_batch_size_above_max_batch_size_is_refused_naming_the_field(
+    tmp_path,
+):
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "repository.yaml").read_text())
+    data["python_models"]["text_tokenizer"]["dynamic_batching"]["preferred_batch_size"] = [64]
+    path = tmp_path / "repository.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=r"python model 'text_tokenizer'.*preferred_batch_size.*64"):
+        load_spec(path)

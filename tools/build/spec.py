@@ -528,9 +528,7 @@ def _model(name: str, data: Any, file: Path, cpu_cores: int) -> ModelSpec:
     rtol = t.get("rtol", float, 1e-3, check=lambda v: None if v >= 0 else "must be >= 0")
     t.done()
     batching = _dynamic_batching(f, "dynamic_batching") or DynamicBatchingSpec()
-    for size in batching.preferred_batch_size:
-        if size > max_batch_size:
-            raise f.error("dynamic_batching.preferred_batch_size", f"{size} > max_batch_size")
+    _check_preferred_sizes(f, batching, max_batch_size)
     instances = _instances(f, cpu_cores, python_model=False)
 
     warmup = None
@@ -577,6 +575,14 @@ def _model(name: str, data: Any, file: Path, cpu_cores: int) -> ModelSpec:
     )
 
 
+def _check_preferred_sizes(
+    f: _Fields, batching: DynamicBatchingSpec | None, max_batch_size: int
+) -> None:
+    for size in batching.preferred_batch_size if batching else ():
+        if size > max_batch_size:
+            raise f.error("dynamic_batching.preferred_batch_size", f"{size} > max_batch_size")
+
+
 def _python_model(name: str, data: Any, file: Path, cpu_cores: int) -> PythonModelSpec:
     f = _Fields(data, file, f"python model {name!r}")
     backend = f.get("backend", str, check=_name)
@@ -592,6 +598,7 @@ def _python_model(name: str, data: Any, file: Path, cpu_cores: int) -> PythonMod
         if not isinstance(value, str) or "/" in str(key):
             raise f.error(f"files.{key}", "must map a plain file name to a path or reference")
     batching = _dynamic_batching(f, "dynamic_batching")
+    _check_preferred_sizes(f, batching, max_batch_size)
     instances = _instances(f, cpu_cores, python_model=True)
     warmups = []
     for i, item in enumerate(f.get("warmup", list, [])):
