@@ -16,9 +16,26 @@ from tools.loadtest.command import run_loadtests
 from tools.loadtest.gate import read_records
 from tools.loadtest.runner import RunSpec, run_locust
 from tools.loadtest.slo import DEFAULT_SLO_FILE
+from tools.serve.server import free_ports
 
 SMOKE_WARMUP_S = 3.0
 SMOKE_DURATION_S = 8.0  # 4 runs x 11 s of load: the smoke stays under 60 s of load
+
+
+def _text_embedding_slo(tmp_path, *, users: int, p99_ms: float, min_throughput_rps: float):
+    """An SLO file whose cpu profile holds only text_embedding, same targets on both protocols."""
+    targets = f"{{p99_ms: {p99_ms}, max_error_ratio: 0.0, min_throughput_rps: {min_throughput_rps}}}"
+    slo = tmp_path / "slo.yaml"
+    slo.write_text(textwrap.dedent(f"""
+        profiles:
+          cpu:
+            scenarios:
+              text_embedding:
+                load: {{users: {users}}}
+                http: {targets}
+                grpc: {targets}
+    """), encoding="utf-8")
+    return slo
 # loadtests/listeners.py EXIT_WATCHDOG_S (not imported: importing Locust monkey-patches pytest)
 LOCUST_EXIT_WATCHDOG_S = 15.0
 
@@ -68,16 +85,7 @@ def test_smoke_load_passes_cpu_slo_when_both_pipelines_are_served(triton_server,
 def test_loadtest_exits_nonzero_with_one_line_when_p99_target_is_unattainable(
     triton_server, tmp_path
 ):
-    slo = tmp_path / "slo.yaml"
-    slo.write_text(textwrap.dedent("""
-        profiles:
-          cpu:
-            scenarios:
-              text_embedding:
-                load: {users: 2}
-                http: {p99_ms: 0.001, max_error_ratio: 0.0, min_throughput_rps: 1}
-                grpc: {p99_ms: 0.001, max_error_ratio: 0.0, min_throughput_rps: 1}
-    """), encoding="utf-8")
+    slo = _text_embedding_slo(tmp_path, users=2, p99_ms=0.001, min_throughput_rps=1)
     result = CliRunner().invoke(cli, [
         "loadtest", "--url", triton_server.http_url, "--scenario", "text_embedding",
         "--protocol", "http", "--duration", "3", "--warmup", "1", "--slo-file", str(slo),
@@ -177,26 +185,14 @@ def test_open_loop_keeps_offered_rate_when_server_is_slower_than_arrivals(
 @pytest.mark.load
 @pytest.mark.timeout(180)
 def test_distributed_run_gates_every_workers_records_when_master_stops(triton_server, tmp_path):
-    import socket
     import subprocess
     import sys
 
     from tools.loadtest.runner import LOCUSTFILE
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))  # a port free now, chosen by the kernel
-        port = probe.getsockname()[1]
+    (port,) = free_ports(1)
     # Targets every healthy run meets, so the gate's verdict (and exit code) is known: PASS, 0.
-    slo = tmp_path / "slo.yaml"
-    slo.write_text(textwrap.dedent("""
-        profiles:
-          cpu:
-            scenarios:
-              text_embedding:
-                load: {users: 4}
-                grpc: {p99_ms: 60000, max_error_ratio: 0.0, min_throughput_rps: 0.1}
-                http: {p99_ms: 60000, max_error_ratio: 0.0, min_throughput_rps: 0.1}
-    """), encoding="utf-8")
+    slo = _text_embedding_slo(tmp_path, users=4, p99_ms=60000, min_throughput_rps=0.1)
     report = tmp_path / "report"
     report.mkdir()
     base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE)]
