@@ -171,7 +171,11 @@ def test_open_loop_keeps_offered_rate_when_server_is_slower_than_arrivals(
     assert not result.timed_out
     records = read_records(spec.report_dir / "requests.csv")
     sent = [r for r in records if r.start_s < result.summary["stop_s"]]
-    assert len(sent) == pytest.approx(rate * duration, rel=0.12)
+    # Locust's -t clock starts before the recorder's zero (spawning, test_start listeners), so
+    # the measured window is stop_s (3.2-3.4 s here for -t 4s): arrivals keep the rate over it.
+    window = result.summary["stop_s"]
+    assert duration / 2 < window <= duration
+    assert len(sent) == pytest.approx(rate * window, rel=0.12)
     starts = sorted(r.start_s for r in sent)
     assert max(np.diff(starts)) < 3 / rate, "arrivals waited for responses"
     (gated,) = result.summary["results"]
