@@ -669,7 +669,7 @@ def built_repository(args: argparse.Namespace) -> Iterator[Path]:
     if args.repository is not None:
         yield args.repository.resolve()
         return
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
 
     with tempfile.TemporaryDirectory(prefix="compare-servers-") as tmp:
         out = Path(tmp) / "model_repository"

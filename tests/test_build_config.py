@@ -15,16 +15,16 @@ import pytest
 from click.testing import CliRunner
 from tritonclient.grpc import model_config_pb2
 
-from tools.build.command import build_repo, check_repository
-from tools.build.config import (
+from tools.build_repo.command import build_repo, check_repository
+from tools.build_repo.config import (
     TensorConfig,
     TritonModelConfig,
     config_message,
     parse_config,
     render,
 )
-from tools.build.ensemble import render_all
-from tools.build.spec import load_spec
+from tools.build_repo.ensemble import render_all
+from tools.build_repo.spec import load_spec
 from tools.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

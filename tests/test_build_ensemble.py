@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.build.command import build_repository
-from tools.build.ensemble import render_all
-from tools.build.spec import load_spec
+from tools.build_repo.command import build_repository
+from tools.build_repo.ensemble import render_all
+from tools.build_repo.spec import load_spec
 from tools.errors import EnsembleError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

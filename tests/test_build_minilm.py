@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tools.build.spec import load_spec
+from tools.build_repo.spec import load_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,8 +65,8 @@ def test_factory_embeds_like_sentence_transformers(minilm):
 
 @pytest.mark.timeout(600)
 def test_minilm_onnx_matches_pytorch_within_1e4_at_batch_1_8_and_max(minilm, encoder_spec, tmp_path):
-    from tools.build.parity import check_parity, onnxruntime_runner
-    from tools.build.torch2onnx import export_onnx
+    from tools.build_repo.parity import check_parity, onnxruntime_runner
+    from tools.build_repo.torch2onnx import export_onnx
     from tools.models.minilm import sample_inputs
 
     path = export_onnx(minilm, sample_inputs(2, {"sequence": 32}), encoder_spec, tmp_path / "model.onnx")

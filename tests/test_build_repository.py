@@ -135,7 +135,7 @@ def tree_digest(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
 
     tmp = tmp_path_factory.mktemp("toy")
     spec = _toy_spec(tmp)
@@ -193,7 +193,7 @@ def test_manifest_records_source_versions_parity_timings_and_hashes(built):
 
 
 def test_rebuild_with_nothing_changed_skips_every_model(built):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
 
     spec, output, _ = built
     before = tree_digest(output)
@@ -203,7 +203,7 @@ def test_rebuild_with_nothing_changed_skips_every_model(built):
 
 
 def test_changing_one_models_spec_rebuilds_only_that_model(tmp_path):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
 
     spec = _toy_spec(tmp_path)
     output = tmp_path / "model_repository"
@@ -219,7 +219,7 @@ def test_changing_one_models_spec_rebuilds_only_that_model(tmp_path):
 
 
 def test_only_and_force_rebuild_just_the_named_model(built):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
 
     spec, output, _ = built
     result = build_repository(spec, output, only=["text_tokenizer"], force=True, progress=False)
@@ -227,7 +227,7 @@ def test_only_and_force_rebuild_just_the_named_model(built):
 
 
 def test_parity_failure_stops_the_build_and_lists_every_output(tmp_path):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
     from tools.errors import ParityError
 
     spec = _toy_spec(tmp_path, source="test_build_repository:build_broken_toy")
@@ -246,7 +246,7 @@ def test_parity_failure_stops_the_build_and_lists_every_output(tmp_path):
 
 
 def test_failed_build_leaves_the_previous_repository_byte_identical(tmp_path):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
     from tools.errors import ParityError
 
     output = tmp_path / "model_repository"
@@ -281,8 +281,8 @@ def test_built_toy_repository_loads_with_strict_config_and_answers(built, server
 
 
 def test_gpu_target_without_a_gpu_reports_the_plan_stage_skipped_with_the_reason(tmp_path):
-    from tools.build import onnx2trt
-    from tools.build.command import build_repository
+    from tools.build_repo import onnx2trt
+    from tools.build_repo.command import build_repository
 
     try:
         onnx2trt.probe_gpu()
@@ -302,7 +302,7 @@ def test_gpu_target_without_a_gpu_reports_the_plan_stage_skipped_with_the_reason
 
 
 def test_interrupted_build_leaves_the_previous_repository_byte_identical(tmp_path):
-    from tools.build.command import build_repository
+    from tools.build_repo.command import build_repository
 
     output = tmp_path / "model_repository"
     build_repository(_toy_spec(tmp_path), output, progress=False)
@@ -316,7 +316,7 @@ def test_interrupted_build_leaves_the_previous_repository_byte_identical(tmp_pat
 def test_leftovers_of_a_killed_build_are_removed_and_parked_models_restored(tmp_path):
     import subprocess
 
-    from tools.build.repository import recover_interrupted
+    from tools.build_repo.repository import recover_interrupted
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -335,7 +335,7 @@ def test_leftovers_of_a_killed_build_are_removed_and_parked_models_restored(tmp_
 def test_staging_of_a_running_build_is_left_alone(tmp_path):
     import os
 
-    from tools.build.repository import recover_interrupted
+    from tools.build_repo.repository import recover_interrupted
 
     output = tmp_path / "model_repository"
     output.mkdir()
@@ -347,7 +347,7 @@ def test_staging_of_a_running_build_is_left_alone(tmp_path):
 
 
 def test_second_build_into_the_same_repository_is_refused_while_one_runs(tmp_path):
-    from tools.build.repository import locked
+    from tools.build_repo.repository import locked
     from tools.errors import ToolkitError
 
     with locked(tmp_path):

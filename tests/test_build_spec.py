@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.build.spec import load_spec, parse_spec
+from tools.build_repo.spec import load_spec, parse_spec
 from tools.errors import SpecError, UserInputError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

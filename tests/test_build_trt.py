@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.build import onnx2trt
-from tools.build.spec import load_spec
+from tools.build_repo import onnx2trt
+from tools.build_repo.spec import load_spec
 from tools.errors import TensorRTError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -139,9 +139,9 @@ def test_build_plan_checks_the_profile_before_touching_the_gpu(spec, tmp_path):
 @pytest.mark.torch
 @pytest.mark.timeout(900)
 def test_minilm_plan_matches_pytorch_on_a_real_gpu(spec, tmp_path):
-    from tools.build.parity import check_parity
-    from tools.build.spec import resolve_reference
-    from tools.build.torch2onnx import export_onnx
+    from tools.build_repo.parity import check_parity
+    from tools.build_repo.spec import resolve_reference
+    from tools.build_repo.torch2onnx import export_onnx
 
     encoder = spec.find("minilm_encoder")
     model = resolve_reference(encoder.source)()

@@ -264,7 +264,7 @@ def test_builder_writes_the_repository_that_triton_reads(name):
 def test_builder_stages_on_the_mount_it_writes_the_repository_to(name):
     """A build stages beside the repository and rename()s each model in: across two mounts that
     fails with EXDEV, so the output's parent must be on the same bind mount as the output."""
-    from tools.build.repository import _sibling
+    from tools.build_repo.repository import _sibling
 
     files, env, _ = CONFIGURATIONS[name]
     builder = _services(files, env)["builder"]

@@ -119,7 +119,7 @@ def test_same_padding_is_asymmetric_when_stride_is_two():
 
 def test_onnx_export_matches_pytorch_when_run_with_onnx_runtime(model, photos, tmp_path):
     path = tmp_path / "efficientnet_lite0.onnx"
-    # The TorchScript exporter (the one tools/build uses) warns that it is legacy, and that the
+    # The TorchScript exporter (the one tools/build_repo uses) warns that it is legacy, and that the
     # reversed Slice it builds for F.pad's constant amounts is not folded (ONNX Runtime folds it).
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -20,7 +20,7 @@ from pipeline_ops.onnx_session import (
     plan_chunks,
 )
 
-from tools.build.spec import DTYPES
+from tools.build_repo.spec import DTYPES
 
 VOCAB, WIDTH, MAX_LENGTH = 50, 4, 64
 

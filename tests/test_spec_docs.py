@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.build import spec as spec_module
-from tools.build.spec import load_spec, parse_spec
+from tools.build_repo import spec as spec_module
+from tools.build_repo.spec import load_spec, parse_spec
 from tools.errors import SpecError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def test_recording_sees_nested_and_per_section_fields(monkeypatch, tmp_path):
 
 
 def test_docs_example_spec_parses_and_renders_on_both_targets(tmp_path):
-    from tools.build.ensemble import render_all
+    from tools.build_repo.ensemble import render_all
 
     spec = parse_spec(yaml.safe_load(_code_blocks(_doc(), "yaml")[0]), tmp_path / "repository.yaml")
     assert [m.name for m in spec.models] == ["tiny_cnn"]

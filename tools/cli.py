@@ -16,7 +16,7 @@ from tools.errors import ToolkitError, UserInputError
 # name -> "module:attribute" of a click.Command; imported only when used, so that
 # `tools serve` does not pay for importing torch.
 _COMMANDS = {
-    "build-repo": "tools.build.command:build_repo",
+    "build-repo": "tools.build_repo.command:build_repo",
     "serve": "tools.serve.command:serve",
     "infer": "tools.infer:infer",
     "loadtest": "tools.loadtest.command:loadtest",

@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from tools.build import onnx2trt
-    from tools.build.parity import check_parity
-    from tools.build.spec import load_spec, resolve_reference
-    from tools.build.torch2onnx import export_onnx
+    from tools.build_repo import onnx2trt
+    from tools.build_repo.parity import check_parity
+    from tools.build_repo.spec import load_spec, resolve_reference
+    from tools.build_repo.torch2onnx import export_onnx
     from tools.errors import ToolkitError
 
     console = Console()

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tools.build.manifest import MANIFEST_NAME, write_atomically
+from tools.build_repo.manifest import MANIFEST_NAME, write_atomically
 from tools.errors import BuildError, SpecError
 
 VERSION = "1"

@@ -16,7 +16,7 @@ import shlex
 import warnings
 from pathlib import Path
 
-from tools.build.spec import ModelSpec
+from tools.build_repo.spec import ModelSpec
 from tools.errors import ExportError
 
 

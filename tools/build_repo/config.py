@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from tools.build.spec import (
+from tools.build_repo.spec import (
     DynamicBatchingSpec,
     ModelSpec,
     PythonModelSpec,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tools.build.config import TensorConfig, TritonModelConfig
-from tools.build.spec import PipelineSpec, RepoSpec
+from tools.build_repo.config import TensorConfig, TritonModelConfig
+from tools.build_repo.spec import PipelineSpec, RepoSpec
 from tools.errors import EnsembleError
 
 
@@ -139,7 +139,7 @@ def render_all(spec: RepoSpec, target: str) -> dict[str, TritonModelConfig]:
         EnsembleError: a pipeline is inconsistent.
         ConfigError: a config does not fit Triton's ModelConfig.
     """
-    from tools.build.config import model_config, python_model_config
+    from tools.build_repo.config import model_config, python_model_config
 
     configs: dict[str, TritonModelConfig] = {}
     for model in spec.models:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tools.build.spec import ModelSpec
+from tools.build_repo.spec import ModelSpec
 from tools.errors import ParityError
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]

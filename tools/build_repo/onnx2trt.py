@@ -13,8 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from tools.build.parity import Runner
-from tools.build.spec import ModelSpec
+from tools.build_repo.parity import Runner
+from tools.build_repo.spec import ModelSpec
 from tools.errors import TensorRTError
 
 Shape = tuple[int, ...]

@@ -13,7 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from tools.build.command import BuildResult
+    from tools.build_repo.command import BuildResult
 
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import click
 
-from tools.build import config as cfg
-from tools.build.ensemble import render_all
-from tools.build.manifest import (
+from tools.build_repo import config as cfg
+from tools.build_repo.ensemble import render_all
+from tools.build_repo.manifest import (
     MANIFEST_NAME,
     artifacts_of,
     artifacts_present,
@@ -40,8 +40,8 @@ from tools.build.manifest import (
     tool_versions,
     write_atomically,
 )
-from tools.build.progress import BuildProgress
-from tools.build.repository import (
+from tools.build_repo.progress import BuildProgress
+from tools.build_repo.repository import (
     VERSION,
     Staging,
     backend_source,
@@ -49,7 +49,7 @@ from tools.build.repository import (
     locked,
     recover_interrupted,
 )
-from tools.build.spec import (
+from tools.build_repo.spec import (
     TARGETS,
     ModelSpec,
     PythonModelSpec,
@@ -316,9 +316,9 @@ def _build_pytorch(
     spec: RepoSpec, model: ModelSpec, target: str, model_dir: Path, output: Path,
     stages: _Stages, entry: dict[str, Any], text: str,
 ) -> None:
-    from tools.build import onnx2trt
-    from tools.build.parity import check_parity, figures_to_manifest, onnxruntime_runner
-    from tools.build.torch2onnx import export_onnx, write_reproduce_script
+    from tools.build_repo import onnx2trt
+    from tools.build_repo.parity import check_parity, figures_to_manifest, onnxruntime_runner
+    from tools.build_repo.torch2onnx import export_onnx, write_reproduce_script
 
     where = f"{spec.path}: model {model.name!r}: "
     version_dir = model_dir / VERSION
