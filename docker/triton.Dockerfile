@@ -17,6 +17,7 @@ RUN python3 -m pip install -r /tmp/requirements-serve.txt && rm /tmp/requirement
 # The TensorRT guard (standard library only) and the healthcheck, run by the triton service.
 COPY tools/__init__.py tools/errors.py /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py /opt/triton-forge/tools/serve/
+COPY tools/build_repo/__init__.py tools/build_repo/manifest.py /opt/triton-forge/tools/build_repo/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
      docker/healthcheck_probes.json \
      /opt/triton-forge/docker/
@@ -36,10 +37,11 @@ RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu \
  && python3 -m pip install -c /tmp/constraints-cpu.txt -e ".[load]"
 # The tensorrt Python module must be the TensorRT of this image: take the version from the
 # image's own libnvinfer (the probe the serving guard uses) and the CUDA major from the NGC
-# image's CUDA_VERSION.
+# image's CUDA_VERSION. cuda-python of the same CUDA major gives the plan's parity check its
+# device memory and stream (torch here is the CPU build).
 RUN TRT="$(python3 -c 'from tools.serve.trt_guard import detect_runtime; print(detect_runtime().tensorrt_version or "")')" \
  && test -n "$TRT" \
- && echo "installing tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.* to match this image" \
- && python3 -m pip install "tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.*"
+ && echo "installing tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.* and cuda-python ${CUDA_VERSION%%.*} to match this image" \
+ && python3 -m pip install "tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.*" "cuda-python==${CUDA_VERSION%%.*}.*"
 ENTRYPOINT []
 CMD ["tools", "--help"]

@@ -88,7 +88,7 @@ def toy_repository() -> Path:
 @pytest.fixture(scope="session")
 def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's spec (repository.yaml) built for the CPU target, once per session."""
-    from tools.build_repo.command import build_repository  # heavy (torch): only when needed
+    from tools.build_repo.pipeline import build_repository  # heavy (torch): only when needed
 
     output = tmp_path_factory.mktemp("built") / "model_repository"
     build_repository(

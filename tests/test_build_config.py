@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 from tritonclient.grpc import model_config_pb2
 
-from tools.build_repo.command import build_repo, check_repository
+from tools.build_repo.command import build_repo
+from tools.build_repo.drift import check_repository
 from tools.build_repo.config import (
     TensorConfig,
     TritonModelConfig,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.build_repo.command import build_repository
+from tools.build_repo.pipeline import build_repository
 from tools.build_repo.ensemble import render_all
 from tools.build_repo.spec import load_spec
 from tools.errors import EnsembleError

@@ -31,7 +31,7 @@ def toy_weights() -> list[Path]:
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory):
     """One cold build of the toy repository, copied by each test before it changes anything."""
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp = tmp_path_factory.mktemp("cold")
     output = tmp / "model_repository"
@@ -75,7 +75,7 @@ def _onnx_sha(output: Path) -> str:
 
 
 def test_editing_a_pipeline_ops_file_repackages_the_model_without_exporting(repo, exports):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp, output, backends = repo
     before = _entry(output)
@@ -107,7 +107,7 @@ def test_editing_a_pipeline_ops_file_repackages_the_model_without_exporting(repo
 def test_changing_the_batching_delay_repackages_and_a_second_change_keeps_the_export_date(
     repo, exports
 ):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp, output, _ = repo
     before = _entry(output)
@@ -144,7 +144,7 @@ def test_changing_the_batching_delay_repackages_and_a_second_change_keeps_the_ex
     ids=["opset", "tolerance", "weights"],
 )
 def test_changing_what_the_export_depends_on_exports_again(repo, exports, change, monkeypatch):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp, output, _ = repo
     if change == "weights":
@@ -168,7 +168,7 @@ def test_changing_what_the_export_depends_on_exports_again(repo, exports, change
 
 
 def test_force_exports_again_even_when_only_packaging_changed(repo, exports):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp, output, backends = repo
     result = build_repository(_toy_spec(tmp, backends=str(backends),
@@ -181,7 +181,7 @@ def test_force_exports_again_even_when_only_packaging_changed(repo, exports):
 
 @pytest.mark.parametrize("damage", ["missing", "hash mismatch"])
 def test_missing_or_altered_previous_export_is_exported_again(repo, exports, damage):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp, output, _ = repo
     onnx = output / "toy_encoder" / "1" / "model.onnx"
@@ -199,7 +199,7 @@ def test_missing_or_altered_previous_export_is_exported_again(repo, exports, dam
 
 
 def test_failed_repackage_leaves_the_previous_repository_byte_identical(repo, exports):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
     from tools.errors import SpecError
 
     tmp, output, backends = repo
@@ -214,7 +214,7 @@ def test_failed_repackage_leaves_the_previous_repository_byte_identical(repo, ex
 
 def test_gpu_target_whose_plan_was_not_built_exports_again(tmp_path, exports):
     from tools.build_repo import onnx2trt
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     try:
         onnx2trt.probe_gpu()
@@ -233,7 +233,7 @@ def test_gpu_target_whose_plan_was_not_built_exports_again(tmp_path, exports):
 def test_weights_reference_added_to_an_unchanged_module_hashes_the_files_it_names(
     repo, monkeypatch
 ):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp, output, _ = repo
     weights = tmp / "toy.bin"

@@ -135,7 +135,7 @@ def tree_digest(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     tmp = tmp_path_factory.mktemp("toy")
     spec = _toy_spec(tmp)
@@ -193,7 +193,7 @@ def test_manifest_records_source_versions_parity_timings_and_hashes(built):
 
 
 def test_rebuild_with_nothing_changed_skips_every_model(built):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     spec, output, _ = built
     before = tree_digest(output)
@@ -203,7 +203,7 @@ def test_rebuild_with_nothing_changed_skips_every_model(built):
 
 
 def test_changing_one_models_spec_rebuilds_only_that_model(tmp_path):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     spec = _toy_spec(tmp_path)
     output = tmp_path / "model_repository"
@@ -219,7 +219,7 @@ def test_changing_one_models_spec_rebuilds_only_that_model(tmp_path):
 
 
 def test_only_and_force_rebuild_just_the_named_model(built):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     spec, output, _ = built
     result = build_repository(spec, output, only=["text_tokenizer"], force=True, progress=False)
@@ -227,26 +227,26 @@ def test_only_and_force_rebuild_just_the_named_model(built):
 
 
 def test_parity_failure_stops_the_build_and_lists_every_output(tmp_path):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
     from tools.errors import ParityError
 
     spec = _toy_spec(tmp_path, source="test_build_repository:build_broken_toy")
     output = tmp_path / "model_repository"
-    with pytest.raises(ParityError) as info:
-        build_repository(spec, output, progress=False)
-    message = str(info.value)
+    result = build_repository(spec, output, progress=False, raise_on_failure=False)
+    assert isinstance(result.error, ParityError) and not result.ok
+    message = str(result.error)
     assert "model 'toy_encoder'" in message
     assert "pooled: FAILED at 6 case(s)" in message
     assert "length: FAILED at 6 case(s)" in message
     assert "norm: ok" in message
-    statuses = {m.name: m.status for m in info.value.build_result.models}
+    statuses = {m.name: m.status for m in result.models}
     assert statuses["toy_encoder"] == "failed"
     assert statuses["text_tokenizer"] == "skipped"  # the build stopped
     assert not (output / "toy_encoder").exists()
 
 
 def test_failed_build_leaves_the_previous_repository_byte_identical(tmp_path):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
     from tools.errors import ParityError
 
     output = tmp_path / "model_repository"
@@ -282,7 +282,7 @@ def test_built_toy_repository_loads_with_strict_config_and_answers(built, server
 
 def test_gpu_target_without_a_gpu_reports_the_plan_stage_skipped_with_the_reason(tmp_path):
     from tools.build_repo import onnx2trt
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     try:
         onnx2trt.probe_gpu()
@@ -302,7 +302,7 @@ def test_gpu_target_without_a_gpu_reports_the_plan_stage_skipped_with_the_reason
 
 
 def test_interrupted_build_leaves_the_previous_repository_byte_identical(tmp_path):
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     output = tmp_path / "model_repository"
     build_repository(_toy_spec(tmp_path), output, progress=False)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tools.build_repo import onnx2trt
+from tools.build_repo.manifest import TensorRTRecord
+from tools.build_repo.results import StageStatus
 from tools.build_repo.spec import load_spec
 from tools.errors import TensorRTError
 
@@ -80,9 +83,9 @@ def test_build_plan_is_skipped_with_the_reason_when_there_is_no_gpu(spec, tmp_pa
         spec.find("minilm_encoder"), tmp_path / "m.onnx", tmp_path / "m.plan", tmp_path / "cache",
         probe=no_gpu,
     )
-    assert outcome.status == "skipped"
+    assert outcome.status == StageStatus.SKIPPED
     assert outcome.reason == "no GPU (no NVIDIA driver: libcuda.so.1 not found)"
-    assert outcome.manifest_entry() is None
+    assert outcome.manifest_record() is None
     assert not (tmp_path / "m.plan").exists()
 
 
@@ -114,14 +117,75 @@ def test_build_plan_passes_profile_precision_and_cache_and_records_the_manifest_
     api = _RecordingApi()
     gpu = onnx2trt.GpuInfo("Test GPU", "8.6", "10.3.0")
     outcome = onnx2trt.build_plan(
-        encoder, tmp_path / "m.onnx", tmp_path / "m.plan", tmp_path / "timing.cache",
+        encoder, tmp_path / "m.onnx", tmp_path / "m.plan", tmp_path / "caches",
         precision="fp32", probe=lambda: gpu, api=api,
     )
     (profile, precision, cache, workspace), = api.calls
     assert profile == onnx2trt.optimization_profile(encoder)
-    assert precision == "fp32" and cache == tmp_path / "timing.cache"
+    assert precision == "fp32" and cache == tmp_path / "caches" / "timing-trt10.3.0-sm86.cache"
     assert workspace == encoder.gpu.workspace_mb
-    assert outcome.manifest_entry() == {"version": "10.3.0", "compute_capability": "8.6", "precision": "fp32"}
+    assert outcome.manifest_record() == TensorRTRecord("10.3.0", "8.6", "fp32")
+
+
+def test_timing_cache_is_named_by_tensorrt_version_and_compute_capability(tmp_path):
+    a = onnx2trt.timing_cache_path(tmp_path, onnx2trt.GpuInfo("A", "8.6", "10.3.0"))
+    b = onnx2trt.timing_cache_path(tmp_path, onnx2trt.GpuInfo("A", "8.9", "10.3.0"))
+    c = onnx2trt.timing_cache_path(tmp_path, onnx2trt.GpuInfo("A", "8.6", "10.13.2"))
+    assert len({a, b, c}) == 3 and all(p.parent == tmp_path for p in (a, b, c))
+
+
+class _FakeBuilderConfig:
+    """A builder config whose set_timing_cache refuses caches made from ``stale`` bytes."""
+
+    def __init__(self, stale: bytes):
+        self.stale, self.attached = stale, []
+
+    def create_timing_cache(self, data: bytes):
+        return {"from": bytes(data)}
+
+    def set_timing_cache(self, cache, ignore_mismatch):
+        assert ignore_mismatch is False
+        if cache["from"] and cache["from"] == self.stale:
+            return False
+        self.attached.append(cache)
+        return True
+
+
+def test_a_timing_cache_tensorrt_refuses_is_replaced_by_a_fresh_one(tmp_path):
+    path = tmp_path / "timing.cache"
+    path.write_bytes(b"from another GPU")
+    config = _FakeBuilderConfig(stale=b"from another GPU")
+
+    cache = onnx2trt.load_timing_cache(config, path)
+
+    assert cache == {"from": b""} and config.attached == [cache]
+
+
+def test_a_timing_cache_tensorrt_accepts_is_reused(tmp_path):
+    path = tmp_path / "timing.cache"
+    path.write_bytes(b"this GPU")
+    config = _FakeBuilderConfig(stale=b"other")
+
+    assert onnx2trt.load_timing_cache(config, path) == {"from": b"this GPU"}
+
+
+def test_fp16_on_a_tensorrt_without_precision_flags_is_a_clear_tensorrt_error():
+    class BuilderFlag:  # TensorRT 11: the precision-enabling flags are gone
+        TF32 = object()
+
+    trt = type("trt", (), {"BuilderFlag": BuilderFlag, "__version__": "11.4.0"})
+
+    assert onnx2trt.builder_flags(trt, ["TF32"]) == [BuilderFlag.TF32]
+    with pytest.raises(TensorRTError, match=r"TensorRT 11.4.0 has no BuilderFlag.FP16.*<11"):
+        onnx2trt.builder_flags(trt, ["FP16"])
+
+
+def test_the_gpu_extra_pins_tensorrt_below_11():
+    import tomllib
+
+    gpu = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    (tensorrt,) = [d for d in gpu if d.startswith("tensorrt")]
+    assert "<11" in tensorrt.replace(" ", "")
 
 
 def test_build_plan_checks_the_profile_before_touching_the_gpu(spec, tmp_path):
@@ -150,8 +214,140 @@ def test_minilm_plan_matches_pytorch_on_a_real_gpu(spec, tmp_path):
     for precision in ("fp32", "fp16"):
         plan = tmp_path / f"model.{precision}.plan"
         outcome = onnx2trt.build_plan(encoder, onnx_path, plan, tmp_path / "timing.cache", precision=precision)
-        assert outcome.status == "built", outcome.reason
+        assert outcome.status == StageStatus.DONE, outcome.reason
         atol, rtol = onnx2trt.parity_tolerance(encoder, precision)
         figures = check_parity(encoder, model, sample, onnx2trt.plan_runner(plan),
                                runtime=f"tensorrt {precision}", atol=atol, rtol=rtol)
         assert max(f.max_abs for f in figures) <= atol
+
+
+class _FakeCudart:
+    """cuda-python's runtime API over host memory: records every call the plan runner makes."""
+
+    class cudaMemcpyKind:  # noqa: N801 - cuda-python's names
+        cudaMemcpyHostToDevice = "H2D"
+        cudaMemcpyDeviceToHost = "D2H"
+
+    def __init__(self):
+        import ctypes
+
+        self.ctypes, self.calls, self.memory, self.freed = ctypes, [], {}, []
+
+    def cudaStreamCreate(self):  # noqa: N802
+        self.calls.append("cudaStreamCreate")
+        return 0, 7  # stream handle 7: not the legacy default stream (0)
+
+    def cudaMalloc(self, size):  # noqa: N802
+        buffer = self.ctypes.create_string_buffer(size)
+        pointer = self.ctypes.addressof(buffer)
+        self.memory[pointer] = buffer
+        self.calls.append("cudaMalloc")
+        return 0, pointer
+
+    def cudaMemcpyAsync(self, dst, src, size, kind, stream):  # noqa: N802
+        assert stream == 7
+        self.ctypes.memmove(dst, src, size)
+        self.calls.append(f"cudaMemcpyAsync {kind}")
+        return (0,)
+
+    def cudaStreamSynchronize(self, stream):  # noqa: N802
+        self.calls.append("cudaStreamSynchronize")
+        return (0,)
+
+    def cudaFree(self, pointer):  # noqa: N802
+        self.freed.append(pointer)
+        return (0,)
+
+    def cudaStreamDestroy(self, stream):  # noqa: N802
+        self.calls.append("cudaStreamDestroy")
+        return (0,)
+
+
+class _FakeTrt:
+    """TensorRT's runtime objects for a plan that doubles its input (float32, same shape)."""
+
+    class TensorIOMode:  # noqa: N801
+        INPUT, OUTPUT = "in", "out"
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level):
+            pass
+
+    def __init__(self, streams):
+        self.streams = streams
+        fake = self
+
+        class Context:
+            def __init__(self):
+                self.addresses, self.shape = {}, None
+
+            def set_input_shape(self, name, shape):
+                self.shape = shape
+
+            def get_tensor_shape(self, name):
+                return self.shape
+
+            def set_tensor_address(self, name, pointer):
+                self.addresses[name] = pointer
+
+            def execute_async_v3(self, stream):
+                import ctypes
+
+                fake.streams.append(stream)
+                count = int(np.prod(self.shape))
+                src = (ctypes.c_float * count).from_address(self.addresses["x"])
+                dst = (ctypes.c_float * count).from_address(self.addresses["y"])
+                for i in range(count):
+                    dst[i] = 2 * src[i]
+                return True
+
+        class Engine:
+            num_io_tensors = 2
+
+            def get_tensor_name(self, i):
+                return ["x", "y"][i]
+
+            def get_tensor_mode(self, name):
+                return fake.TensorIOMode.INPUT if name == "x" else fake.TensorIOMode.OUTPUT
+
+            def get_tensor_dtype(self, name):
+                return "float32"
+
+            def create_execution_context(self):
+                return Context()
+
+        class Runtime:
+            def __init__(self, logger):
+                pass
+
+            def deserialize_cuda_engine(self, data):
+                return Engine()
+
+        self.Runtime = Runtime
+
+    @staticmethod
+    def nptype(dtype):
+        return np.float32
+
+
+def test_plan_runner_uses_cuda_python_on_a_dedicated_stream_and_frees_everything(tmp_path):
+    import inspect
+
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"plan")
+    cudart, streams = _FakeCudart(), []
+    api = onnx2trt._RealTensorRT(trt=_FakeTrt(streams), cudart=cudart)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    out = api.runner(plan)({"x": x})
+
+    np.testing.assert_array_equal(out["y"], 2 * x)
+    assert streams == [7], "executed on the stream it created, not the legacy default stream"
+    assert cudart.calls[0] == "cudaStreamCreate" and cudart.calls[-1] == "cudaStreamDestroy"
+    assert cudart.calls.count("cudaMemcpyAsync H2D") == 1 and cudart.calls.count("cudaMemcpyAsync D2H") == 1
+    assert cudart.calls.index("cudaStreamSynchronize") > cudart.calls.index("cudaMemcpyAsync D2H")
+    assert sorted(cudart.freed) == sorted(cudart.memory)
+    # The builder image carries CPU torch: nothing on the plan's path may ask torch for CUDA.
+    assert "torch" not in inspect.getsource(onnx2trt._RealTensorRT)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -28,7 +29,7 @@ TRT_CONFIG = 'name: "{name}"\nplatform: "tensorrt_plan"\nmax_batch_size: 32\n'
 ORT_CONFIG = 'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 32\n'
 
 
-def _repository(tmp_path: Path, models: dict[str, dict | None], *, as_list: bool = False) -> Path:
+def _repository(tmp_path: Path, models: dict[str, dict | None]) -> Path:
     """A repository whose manifest has one entry per model; a dict value is its tensorrt record."""
     repo = tmp_path / "model_repository"
     entries = {}
@@ -36,8 +37,9 @@ def _repository(tmp_path: Path, models: dict[str, dict | None], *, as_list: bool
         (repo / name / "1").mkdir(parents=True)
         template = TRT_CONFIG if trt is not None else ORT_CONFIG
         (repo / name / "config.pbtxt").write_text(template.format(name=name))
-        entries[name] = {"target": "gpu"} | ({"tensorrt": trt} if trt is not None else {})
-    manifest = {"models": [{"name": n} | e for n, e in entries.items()] if as_list else entries}
+        entries[name] = {"kind": "pytorch", "target": "gpu"} | (
+            {"tensorrt": trt} if trt is not None else {})
+    manifest = {"format": 1, "models": entries}
     (repo / "build_manifest.json").write_text(json.dumps(manifest))
     return repo
 
@@ -69,7 +71,9 @@ def test_guard_refuses_when_tensorrt_version_differs(tmp_path):
     assert "TensorRT 10.11.0" in message and "TensorRT 10.13.2" in message
     assert "the TensorRT version differs" in message and "compute capability differ" not in message
     assert f"`{trt_guard.REBUILD_ALL}`" in message
-    assert "--only minilm_encoder --force`" in message
+    assert "--force --only minilm_encoder`" in message
+    # Without --force the unchanged spec would skip every model and the guard would refuse again.
+    assert trt_guard.REBUILD_ALL.split(" run --rm builder ")[1].endswith("--force")
     assert "efficientnet_lite0" not in message
 
 
@@ -94,8 +98,7 @@ def test_guard_refuses_when_one_of_several_gpus_differs(tmp_path):
 
 def test_guard_reports_every_mismatching_model_at_once(tmp_path):
     other = PLAN | {"compute_capability": "sm_89"}
-    repo = _repository(tmp_path, {"minilm_encoder": PLAN, "efficientnet_lite0": other},
-                       as_list=True)
+    repo = _repository(tmp_path, {"minilm_encoder": PLAN, "efficientnet_lite0": other})
 
     with pytest.raises(TensorRTError) as info:
         guard(repo, runtime=_runtime("10.3.0", ("8.6",)))
@@ -191,7 +194,7 @@ def test_cli_exits_nonzero_and_names_the_model_when_versions_differ(tmp_path):
     assert result.returncode == 1
     assert "model 'minilm_encoder'" in result.stderr
     assert "TensorRT 10.11.0" in result.stderr and "TensorRT 10.3.0" in result.stderr
-    assert "--only minilm_encoder --force" in result.stderr
+    assert "--force --only minilm_encoder" in result.stderr
 
 
 def test_cli_exits_zero_when_detected_environment_matches(tmp_path):
@@ -232,18 +235,47 @@ def test_refusal_rebuilds_into_the_folder_the_gpu_triton_serves(tmp_path):
     with pytest.raises(TensorRTError) as info:
         guard(repo, runtime=_runtime("10.13.2"))
     commands = [shlex.split(c) for c in re.findall(r"`([^`]+)`", str(info.value))]
-    (everything,) = [c for c in commands if c[-1] == "builder"]
+    (everything,) = [c for c in commands if "--only" not in c]
     (one,) = [c for c in commands if "--only" in c]
 
     files = [everything[i + 1] for i, arg in enumerate(everything) if arg == "-f"]
     assert files == ["docker-compose.yml", "docker-compose.gpu.yml"], "plans are the gpu target"
-    assert one[:len(everything)] == everything
+    assert one == everything + ["--only", "minilm_encoder"]
     builder = _compose_service(files, "builder")
     triton = _compose_service(files, "triton")
-    args = one[len(everything):]
+    args = everything[everything.index("builder") + 1:]
+    assert "--force" in args, "the spec is unchanged: without --force every model is skipped"
     output = args[args.index("--output") + 1]
     assert args[:2] == ["tools", "build-repo"] and args[args.index("--target") + 1] == "gpu"
     assert output == builder["command"][builder["command"].index("--output") + 1]
     (mount,) = [v for v in builder["volumes"] if output.startswith(v["target"] + "/")]
     (served,) = [v for v in triton["volumes"] if v["target"] == "/models"]
     assert f"{mount['source']}{output[len(mount['target']):]}" == served["source"]
+
+
+def _serving_stage_copies() -> list[str]:
+    """The tools/ files the serving stage of docker/triton.Dockerfile copies into the image."""
+    text = (ROOT / "docker" / "triton.Dockerfile").read_text().replace("\\\n", " ")
+    serve_stage = text.split("FROM serve AS builder")[0]
+    sources = []
+    for line in re.findall(r"^COPY (.+)$", serve_stage, re.MULTILINE):
+        sources += [p for p in line.split()[:-1] if p.startswith("tools/")]
+    return sources
+
+
+def test_guard_runs_from_the_files_the_serving_image_copies_with_the_standard_library_only(tmp_path):
+    # The NGC image has no triton-forge installed: the guard and the manifest type it reads must
+    # work from the copied files alone, without site-packages (-S) or the checkout on sys.path.
+    for relative in _serving_stage_copies():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / relative, tmp_path / relative)
+    repo = _repository(tmp_path / "repo", {"minilm_encoder": PLAN})
+    env = {"PATH": os.environ["PATH"], "TENSORRT_VERSION": "10.3.0", "PYTHONPATH": str(tmp_path)}
+
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "tools.serve.trt_guard", "--repository", str(repo)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+
+    assert "No module named" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "model 'minilm_encoder'" in proc.stderr + proc.stdout

@@ -1,9 +1,10 @@
-"""The build manifest (``model_repository/build_manifest.json``): provenance and skip decisions.
+"""The build manifest (``model_repository/build_manifest.json``) as one typed object.
 
 Per model: source and weights hashes, spec hash, tool versions, opset, parity figures, time per
 stage, artifact hashes, and a fingerprint of every input; an unchanged fingerprint skips a model.
 A PyTorch model also records an export fingerprint (what model.onnx/model.plan and parity depend
 on): when only that matches, the model is repackaged around its previous, hash-checked export.
+Standard library only: the TensorRT guard reads it inside the NGC image through the same type.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ import importlib.util
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "build_manifest.json"
 FORMAT = 1
 TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt", "tritonclient")
+# Each tool may be installed under another distribution name; the first one found counts.
+# TensorRT's wheels are `tensorrt` (a meta package) or `tensorrt-cu12` / `tensorrt-cu13`.
+_DISTRIBUTIONS = {
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-cu12", "tensorrt_cu12"),
+}
 
 
 def sha256_file(path: Path) -> str:
@@ -47,17 +55,13 @@ def tool_versions() -> dict[str, str | None]:
     """Installed versions of the tools that shape the artifacts (no heavy imports)."""
     versions: dict[str, str | None] = {}
     for name in TOOLS:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    if versions["onnxruntime"] is None:
-        for alt in ("onnxruntime-gpu", "tensorrt-cu12"):
+        versions[name] = None
+        for distribution in _DISTRIBUTIONS.get(name, (name,)):
             try:
-                key = "onnxruntime" if alt.startswith("onnx") else "tensorrt"
-                versions[key] = versions[key] or importlib.metadata.version(alt)
+                versions[name] = importlib.metadata.version(distribution)
+                break
             except importlib.metadata.PackageNotFoundError:
-                pass
+                continue
     return versions
 
 
@@ -72,22 +76,148 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load_manifest(output: Path) -> dict[str, Any]:
-    """The manifest in ``output``, or an empty one (missing or unreadable files start fresh)."""
-    path = Path(output) / MANIFEST_NAME
+class ManifestError(ValueError):
+    """The manifest file is not one this version can read (callers decide what that means)."""
+
+
+@dataclass(frozen=True)
+class TensorRTRecord:
+    """What a TensorRT plan was built with; the server guard refuses a plan that disagrees."""
+
+    version: str
+    compute_capability: str
+    precision: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest form."""
+        return {"version": self.version, "compute_capability": self.compute_capability,
+                "precision": self.precision}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> TensorRTRecord:
+        """Read a ``tensorrt`` entry; ``where`` names it in the error."""
+        if not isinstance(data, dict) or "version" not in data or "compute_capability" not in data:
+            raise ManifestError(f"{where} needs 'version' and 'compute_capability'")
+        return cls(str(data["version"]), str(data["compute_capability"]), data.get("precision"))
+
+
+@dataclass
+class ModelEntry:
+    """One model's record. Optional fields are left out of the JSON when they do not apply.
+
+    Attributes:
+        kind: ``pytorch``, ``python`` or ``ensemble`` (``results.ModelKind`` values).
+        fingerprint: hash of every input; unchanged means the model is skipped.
+        export: PyTorch models: ``{"fingerprint", "built_at", "reused"?}`` of model.onnx/plan.
+        parity: runtime -> ``{"atol", "rtol", "cases": [figures]}``.
+        stages: stage -> ``results.StageRecord`` in its manifest form.
+        artifacts: relative path -> ``{"sha256", "bytes"}`` of every file of the model folder.
+    """
+
+    kind: str
+    target: str
+    fingerprint: str = ""
+    spec_hash: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weights_stat: dict[str, list[int]] = field(default_factory=dict)
+    built_at: str = ""
+    export: dict[str, Any] | None = None
+    parity: dict[str, dict[str, Any]] | None = None
+    tensorrt: TensorRTRecord | None = None
+    opset: int | None = None
+    warmup: dict[str, Any] | None = None
+    source: dict[str, Any] | None = None
+    backend: str | None = None
+    carried_over: list[str] | None = None
+    parity_carried_over_from: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest (JSON) form."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            out[f.name] = value.to_dict() if isinstance(value, TensorRTRecord) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ModelEntry:
+        """Read one entry; unknown or missing required fields raise ``ManifestError``."""
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where} is not a mapping")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown or "kind" not in data:
+            raise ManifestError(f"{where}: unknown fields {unknown}" if unknown
+                                else f"{where}: field 'kind' is missing")
+        values = dict(data)
+        values.setdefault("target", "")
+        if values.get("tensorrt") is not None:
+            values["tensorrt"] = TensorRTRecord.from_dict(values["tensorrt"], f"{where} field 'tensorrt'")
+        return cls(**values)
+
+
+@dataclass
+class Manifest:
+    """The whole manifest: which spec and target built the repository, and every model."""
+
+    spec: str = ""
+    target: str = ""
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    format: int = FORMAT
+
+    def to_text(self) -> str:
+        """The JSON text (sorted keys, so diffs between builds are readable)."""
+        data = {"format": self.format, "spec": self.spec, "target": self.target,
+                "models": {name: e.to_dict() for name, e in self.models.items()}}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse a manifest.
+
+        Raises:
+            ManifestError: not JSON, another format, or a malformed entry (named in the message).
+        """
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ManifestError(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ManifestError(f"{where}: not a format-{FORMAT} build manifest")
+        models = data.get("models", {})
+        if not isinstance(models, dict):
+            raise ManifestError(f"{where}: field 'models' is not a mapping")
+        entries = {str(n): ModelEntry.from_dict(e, f"{where}: model '{n}'") for n, e in models.items()}
+        return cls(str(data.get("spec", "")), str(data.get("target", "")), entries)
+
+    @classmethod
+    def read(cls, output: Path) -> Manifest | None:
+        """The manifest in the repository ``output``; None when there is none.
+
+        Raises:
+            ManifestError: the file exists but cannot be read as a manifest.
+        """
+        path = Path(output) / MANIFEST_NAME
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ManifestError(f"{path}: cannot be read ({exc})") from None
+        return cls.from_text(text, str(path))
+
+
+def load_manifest(output: Path) -> Manifest:
+    """The manifest in ``output`` for the builder: a missing or unreadable one starts fresh."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"format": FORMAT, "models": {}}
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return {"format": FORMAT, "models": {}}
-    data.setdefault("models", {})
-    return data
-
-
-def manifest_text(data: dict[str, Any]) -> str:
-    """The manifest's JSON text (sorted keys, so diffs between builds are readable)."""
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+        return Manifest.read(output) or Manifest()
+    except ManifestError:
+        return Manifest()
 
 
 def write_atomically(path: Path, text: str) -> None:

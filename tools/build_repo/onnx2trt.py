@@ -2,18 +2,23 @@
 
 Profiles, precision flags, guards and the "skipped: no GPU" outcome are plain functions; the calls
 that need a GPU sit behind ``TensorRTApi`` (real: ``_RealTensorRT``) so they can be swapped in tests.
+Device memory goes through cuda-python on a dedicated stream (as TensorRT's own samples do), so
+the builder keeps the CPU build of torch.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from tools.build_repo.manifest import TensorRTRecord
 from tools.build_repo.parity import Runner
+from tools.build_repo.results import StageStatus
 from tools.build_repo.spec import ModelSpec
 from tools.errors import TensorRTError
 
@@ -36,23 +41,19 @@ class NoGpu(Exception):
 
 @dataclass(frozen=True)
 class TrtOutcome:
-    """Result of the TensorRT stage."""
+    """Result of the TensorRT stage: done (a plan) or skipped (with the reason)."""
 
-    status: str  # built | skipped
+    status: StageStatus
     reason: str = ""
     plan: Path | None = None
     info: GpuInfo | None = None
     precision: str = ""
 
-    def manifest_entry(self) -> dict | None:
-        """``{"version", "compute_capability", "precision"}`` for a built plan, else None."""
-        if self.status != "built" or self.info is None:
+    def manifest_record(self) -> TensorRTRecord | None:
+        """The manifest's ``tensorrt`` record of a built plan, else None."""
+        if self.status != StageStatus.DONE or self.info is None:
             return None
-        return {
-            "version": self.info.tensorrt_version,
-            "compute_capability": self.info.compute_capability,
-            "precision": self.precision,
-        }
+        return TensorRTRecord(self.info.tensorrt_version, self.info.compute_capability, self.precision)
 
 
 def optimization_profile(spec: ModelSpec) -> Profile:
@@ -124,6 +125,58 @@ def precision_flags(precision: str) -> tuple[list[str], list[str]]:
     raise TensorRTError(f"unknown precision {precision!r} (fp32 or fp16)")
 
 
+def builder_flags(trt: Any, names: list[str]) -> list[Any]:
+    """The ``trt.BuilderFlag`` members for ``names``.
+
+    TensorRT 11 removed the precision-enabling builder flags (weakly typed networks are gone:
+    precision comes from the ONNX graph, a strongly typed network). This builder is the weakly
+    typed TensorRT 10 path; ``pyproject.toml`` pins ``tensorrt<11``.
+
+    Raises:
+        TensorRTError: a flag this TensorRT does not have, naming the version and the way out.
+    """
+    flags = []
+    for name in names:
+        flag = getattr(trt.BuilderFlag, name, None)
+        if flag is None:
+            version = getattr(trt, "__version__", "?")
+            raise TensorRTError(
+                f"TensorRT {version} has no BuilderFlag.{name}: TensorRT 11 removed the "
+                f"precision-enabling builder flags. Install TensorRT 10 (pip install "
+                f"'tensorrt>=10,<11', or the TensorRT of an NGC image before 26.xx), or set "
+                f"gpu.precision: fp32"
+            )
+        flags.append(flag)
+    return flags
+
+
+def timing_cache_path(cache_dir: Path, info: GpuInfo) -> Path:
+    """Where the timing cache for this TensorRT version and GPU lives.
+
+    A timing cache only applies to the TensorRT version and device that wrote it, so its name
+    carries both; another GPU or a new image starts its own cache.
+    """
+    capability = info.compute_capability.replace(".", "")
+    return Path(cache_dir) / f"timing-trt{info.tensorrt_version}-sm{capability}.cache"
+
+
+def load_timing_cache(config: Any, cache_path: Path) -> Any:
+    """Attach a timing cache to ``config``: the saved one when TensorRT accepts it, else a new one.
+
+    ``set_timing_cache(..., ignore_mismatch=False)`` returns False for a cache from another
+    device or version; continuing with it would leave ``get_timing_cache()`` None after the
+    build. Such a cache is replaced by a fresh one (and overwritten after the build).
+    """
+    saved = cache_path.read_bytes() if cache_path.is_file() else b""
+    cache = config.create_timing_cache(saved)
+    if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
+        return cache
+    fresh = config.create_timing_cache(b"")
+    if fresh is None or not config.set_timing_cache(fresh, ignore_mismatch=False):
+        raise TensorRTError(f"TensorRT could not create a timing cache ({cache_path})")
+    return fresh
+
+
 def parity_tolerance(spec: ModelSpec, precision: str) -> tuple[float, float]:
     """(atol, rtol) for a plan: the model's tolerances in fp32, the gpu fp16 ones in fp16."""
     if precision == "fp16":
@@ -141,6 +194,16 @@ def probe_gpu() -> GpuInfo:
         import tensorrt as trt  # noqa: F401
     except ImportError:
         raise NoGpu("the tensorrt package is not installed (pip install 'triton-forge[gpu]')") from None
+    name, capability = _cuda_device()
+    return GpuInfo(name, capability, trt.__version__)
+
+
+def _cuda_device() -> tuple[str, str]:
+    """Name and compute capability of CUDA device 0, through the driver API (no toolkit needed).
+
+    Raises:
+        NoGpu: no driver or no device.
+    """
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -158,7 +221,20 @@ def probe_gpu() -> GpuInfo:
     cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)
     name = ctypes.create_string_buffer(256)
     cuda.cuDeviceGetName(name, 256, device)
-    return GpuInfo(name.value.decode(), f"{major.value}.{minor.value}", trt.__version__)
+    return name.value.decode(), f"{major.value}.{minor.value}"
+
+
+def device_record(probe: Callable[[], GpuInfo] | None = None) -> dict[str, str] | None:
+    """TensorRT version and compute capability a plan built here would carry; None without a GPU.
+
+    Part of a TensorRT model's export key: a new serving image (another TensorRT) or another GPU
+    rebuilds the plan instead of skipping it as unchanged.
+    """
+    try:
+        info = (probe or probe_gpu)()
+    except NoGpu:
+        return None
+    return {"tensorrt": info.tensorrt_version, "compute_capability": info.compute_capability}
 
 
 class TensorRTApi(Protocol):
@@ -172,13 +248,36 @@ class TensorRTApi(Protocol):
     def runner(self, plan_path: Path) -> Runner: ...
 
 
+def _cudart() -> Any:
+    """cuda-python's runtime module (``cuda-bindings`` 12.8+ and 13; older ``cuda-python``)."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart  # cuda-python < 12.8
+        except ImportError:
+            raise TensorRTError(
+                "cuda-python is not installed: the TensorRT parity check needs it for device "
+                "memory (pip install 'triton-forge[gpu]')"
+            ) from None
+    return cudart
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unpack a cuda-python ``(error, *values)`` tuple, raising on a CUDA error."""
+    error, *values = result if isinstance(result, tuple) else (result,)
+    if int(error) != 0:
+        raise TensorRTError(f"CUDA {what} failed: {error}")
+    return values[0] if len(values) == 1 else values
+
+
 class _RealTensorRT:
-    """TensorRT 10 Python API; device memory through torch CUDA tensors."""
+    """TensorRT 10 Python API; device memory and a dedicated stream through cuda-python."""
 
-    def __init__(self) -> None:
-        import tensorrt as trt
-
-        self.trt = trt
+    def __init__(self, trt: Any = None, cudart: Any = None) -> None:
+        if trt is None:
+            import tensorrt as trt
+        self.trt, self._cudart = trt, cudart
         self.logger = trt.Logger(trt.Logger.WARNING)
 
     def build(
@@ -195,13 +294,11 @@ class _RealTensorRT:
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
         set_flags, clear_flags = precision_flags(precision)
-        for flag in set_flags:
-            config.set_flag(getattr(trt.BuilderFlag, flag))
-        for flag in clear_flags:
-            config.clear_flag(getattr(trt.BuilderFlag, flag))
-        cache_bytes = timing_cache.read_bytes() if timing_cache.is_file() else b""
-        cache = config.create_timing_cache(cache_bytes)
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        for flag in builder_flags(trt, set_flags):
+            config.set_flag(flag)
+        for flag in builder_flags(trt, clear_flags):
+            config.clear_flag(flag)
+        load_timing_cache(config, timing_cache)
         opt_profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in profile.items():
             opt_profile.set_shape(name, lo, opt, hi)
@@ -210,38 +307,56 @@ class _RealTensorRT:
         if serialized is None:
             raise TensorRTError(f"{onnx_path}: TensorRT could not build the plan (see log above)")
         plan_path.write_bytes(bytes(serialized))
-        timing_cache.parent.mkdir(parents=True, exist_ok=True)
-        timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
+        cache = config.get_timing_cache()
+        if cache is not None:
+            timing_cache.parent.mkdir(parents=True, exist_ok=True)
+            timing_cache.write_bytes(bytes(cache.serialize()))
 
     def runner(self, plan_path: Path) -> Runner:
-        import torch
-
-        trt = self.trt
+        trt, cudart = self.trt, self._cudart or _cudart()
         engine = trt.Runtime(self.logger).deserialize_cuda_engine(plan_path.read_bytes())
         if engine is None:
             raise TensorRTError(f"{plan_path}: TensorRT could not deserialize the plan")
         context = engine.create_execution_context()
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        to_device = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        to_host = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
 
         def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            tensors = {}
-            for name, value in inputs.items():
-                tensors[name] = torch.from_numpy(np.ascontiguousarray(value)).cuda()
-                context.set_input_shape(name, tuple(value.shape))
-            for name in outputs:
-                dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-                shape = tuple(context.get_tensor_shape(name))
-                tensors[name] = torch.empty(
-                    shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, device="cuda"
-                )
-            for name, tensor in tensors.items():
-                context.set_tensor_address(name, tensor.data_ptr())
-            stream = torch.cuda.current_stream()
-            if not context.execute_async_v3(stream.cuda_stream):
-                raise TensorRTError(f"{plan_path}: TensorRT execution failed")
-            stream.synchronize()
-            return {name: tensors[name].cpu().numpy() for name in outputs}
+            stream = _check(cudart.cudaStreamCreate(), "cudaStreamCreate")
+            allocations: list[int] = []
+
+            def device_copy_of(array: np.ndarray) -> int:
+                pointer = _check(cudart.cudaMalloc(max(array.nbytes, 1)), "cudaMalloc")
+                allocations.append(pointer)
+                return pointer
+
+            try:
+                host = {}
+                for name, value in inputs.items():
+                    array = np.ascontiguousarray(value)
+                    pointer = device_copy_of(array)
+                    _check(cudart.cudaMemcpyAsync(pointer, array.ctypes.data, array.nbytes,
+                                                  to_device, stream), "cudaMemcpyAsync")
+                    context.set_input_shape(name, tuple(array.shape))
+                    context.set_tensor_address(name, pointer)
+                    host[name] = array  # alive until the copy is done
+                for name in outputs:
+                    dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+                    host[name] = np.empty(tuple(context.get_tensor_shape(name)), dtype)
+                    context.set_tensor_address(name, device_copy_of(host[name]))
+                if not context.execute_async_v3(int(stream)):
+                    raise TensorRTError(f"{plan_path}: TensorRT execution failed")
+                for name, pointer in zip(outputs, allocations[len(inputs):]):
+                    _check(cudart.cudaMemcpyAsync(host[name].ctypes.data, pointer, host[name].nbytes,
+                                                  to_host, stream), "cudaMemcpyAsync")
+                _check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+                return {name: host[name] for name in outputs}
+            finally:
+                for pointer in allocations:
+                    cudart.cudaFree(pointer)
+                cudart.cudaStreamDestroy(stream)
 
         return run
 
@@ -250,7 +365,7 @@ def build_plan(
     spec: ModelSpec,
     onnx_path: Path,
     plan_path: Path,
-    timing_cache: Path,
+    cache_dir: Path,
     *,
     precision: str | None = None,
     probe=probe_gpu,
@@ -262,7 +377,7 @@ def build_plan(
         spec: the model's spec (profile ranges, precision, workspace).
         onnx_path: the exported, parity-checked ONNX model.
         plan_path: where the plan goes.
-        timing_cache: TensorRT timing cache file, read if present and updated.
+        cache_dir: folder of the TensorRT timing caches (one per TensorRT version and GPU).
         precision: overrides ``spec.gpu.precision``.
         probe: finds the GPU or raises ``NoGpu`` (replaceable in tests).
         api: the TensorRT seam (default: the real API).
@@ -279,11 +394,12 @@ def build_plan(
     try:
         info = probe()
     except NoGpu as exc:
-        return TrtOutcome("skipped", f"no GPU ({exc})", precision=precision)
+        return TrtOutcome(StageStatus.SKIPPED, f"no GPU ({exc})", precision=precision)
     (api or _RealTensorRT()).build(
-        onnx_path, plan_path, profile, precision, timing_cache, spec.gpu.workspace_mb
+        onnx_path, plan_path, profile, precision, timing_cache_path(cache_dir, info),
+        spec.gpu.workspace_mb,
     )
-    return TrtOutcome("built", plan=plan_path, info=info, precision=precision)
+    return TrtOutcome(StageStatus.DONE, plan=plan_path, info=info, precision=precision)
 
 
 def plan_runner(plan_path: Path, api: TensorRTApi | None = None) -> Runner:

@@ -20,6 +20,14 @@ from tools.build_repo.spec import ModelSpec
 from tools.errors import ExportError
 
 
+def trace_sample(spec: ModelSpec, sample_fn) -> dict:
+    """The sample the exporter traces with: batch 2 (or 1) at each axis's ``opt`` size.
+
+    Batch 2, not 1, so that the exporter cannot specialise the batch axis to a constant.
+    """
+    return sample_fn(min(2, spec.max_batch_size), {a.name: a.opt for a in spec.axes})
+
+
 def export_onnx(model: object, sample: dict, spec: ModelSpec, path: Path) -> Path:
     """Export ``model`` to ``path`` and run the ONNX checker.
 

@@ -2,7 +2,8 @@
 
 Runs before tritonserver starts (docker/triton-entrypoint.sh): compares each plan's build record
 in the manifest with the TensorRT library and the GPUs of the running environment. Standard
-library only, because it runs inside the NGC image where this project is not installed.
+library only (it reads the manifest through ``tools.build_repo.manifest``, also standard library
+only), because it runs inside the NGC image where this project is not installed.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.build_repo.manifest import MANIFEST_NAME, Manifest, ManifestError
 from tools.errors import TensorRTError
 
-MANIFEST_NAME = "build_manifest.json"
 # Plans come only from the gpu target, which docker-compose.gpu.yml builds into the folder its
 # triton serves (tests/test_trt_guard.py checks these against the compose files).
 _COMPOSE_GPU = "docker compose -f docker-compose.yml -f docker-compose.gpu.yml"
 GPU_REPOSITORY = "/repositories/gpu"
-REBUILD_ALL = f"{_COMPOSE_GPU} run --rm builder"
-_REBUILD_ONE = (f"{REBUILD_ALL} tools build-repo --target gpu --spec repository.yaml "
-                f"--output {GPU_REPOSITORY} --only {{model}} --force")
+_BUILD = (f"{_COMPOSE_GPU} run --rm builder tools build-repo --target gpu --spec repository.yaml "
+          f"--output {GPU_REPOSITORY} --force")
+# --force: the spec did not change, so without it every model would be skipped as unchanged.
+REBUILD_ALL = _BUILD
+_REBUILD_ONE = f"{_BUILD} --only {{model}}"
 
 # Where the NGC images and the TensorRT tarball put libnvinfer; LD_LIBRARY_PATH is searched first.
 _LIBRARY_DIRS = (
@@ -78,20 +81,6 @@ class Runtime:
 # --- reading the repository -------------------------------------------------------------------
 
 
-def _manifest_entries(manifest: dict, manifest_path: Path) -> dict[str, dict]:
-    models = manifest.get("models")
-    if isinstance(models, dict):
-        return {str(name): entry for name, entry in models.items() if isinstance(entry, dict)}
-    if isinstance(models, list):
-        entries = {}
-        for entry in models:
-            if not isinstance(entry, dict) or "name" not in entry:
-                raise TensorRTError(f"{manifest_path}: every entry of 'models' needs a 'name'")
-            entries[str(entry["name"])] = entry
-        return entries
-    raise TensorRTError(f"{manifest_path}: field 'models' is missing or not a mapping/list")
-
-
 def tensorrt_models_in_configs(repository: Path) -> list[str]:
     """Names of the models whose config.pbtxt selects the TensorRT backend."""
     names = []
@@ -139,26 +128,23 @@ def read_plan_records(repository: Path) -> list[PlanRecord]:
             )
         return []
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TensorRTError(f"{manifest_path}: not valid JSON ({exc})") from exc
-    entries = _manifest_entries(manifest, manifest_path)
+        manifest = Manifest.read(repository)
+    except ManifestError as exc:
+        raise TensorRTError(f"{exc}; rebuild: `{REBUILD_ALL}`") from None
 
     records = []
-    for name, entry in sorted(entries.items()):
-        trt = entry.get("tensorrt")
+    for name, entry in sorted(manifest.models.items()):
+        trt = entry.tensorrt
         if trt is None:
             continue
         where = f"{manifest_path}: model '{name}' field 'tensorrt'"
-        if not isinstance(trt, dict) or "version" not in trt or "compute_capability" not in trt:
-            raise TensorRTError(f"{where} needs 'version' and 'compute_capability'")
-        _version_key(str(trt["version"]), where)
+        _version_key(trt.version, where)
         records.append(
             PlanRecord(
                 model=name,
-                version=str(trt["version"]),
-                compute_capability=_normalise_capability(trt["compute_capability"], where),
-                precision=trt.get("precision"),
+                version=trt.version,
+                compute_capability=_normalise_capability(trt.compute_capability, where),
+                precision=trt.precision,
             )
         )
     missing = sorted(set(trt_configs) - {r.model for r in records})

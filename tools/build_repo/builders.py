@@ -1,0 +1,370 @@
+"""One builder per kind of spec entry: what it depends on, how it is built, how it is repackaged.
+
+The orchestrator (``pipeline.py``) decides skip / repackage / build; a builder only writes one
+model folder into staging and fills that model's ``ModelEntry``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tools.build_repo import config as cfg
+from tools.build_repo.fingerprints import (
+    ensemble_inputs,
+    export_inputs,
+    python_files,
+    python_inputs,
+    pytorch_inputs,
+)
+from tools.build_repo.manifest import ModelEntry, fingerprint, matching_artifacts
+from tools.build_repo.progress import BuildProgress
+from tools.build_repo.repository import VERSION, copy_python_backend
+from tools.build_repo.results import ModelKind, ModelResult, StageRecord, StageStatus
+from tools.build_repo.spec import ModelSpec, PipelineSpec, PythonModelSpec, RepoSpec, resolve_reference
+from tools.errors import SpecError
+
+T = TypeVar("T")
+# The stages a repackage carries over from the build it reuses.
+EXPORT_STAGES = ("load", "export", "parity", "onnx2trt", "parity_trt")
+
+
+class Stages:
+    """Times the stages of one model, records them for the manifest and feeds the display."""
+
+    def __init__(self, result: ModelResult, progress: BuildProgress) -> None:
+        self.result, self.progress = result, progress
+        self.records: dict[str, StageRecord] = {}
+
+    def run(self, stage: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one stage, timing it (also when it fails)."""
+        done = [f"{k} {v:.1f}s" for k, v in self.result.timings.items()]
+        self.progress.stage(self.result.name, stage, done)
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds = round(time.perf_counter() - start, 3)
+            self.result.timings[stage] = seconds
+            self.records[stage] = StageRecord(StageStatus.DONE, seconds)
+
+    def skip(self, stage: str, reason: str) -> None:
+        """A stage that cannot run here (it is reported, not failed)."""
+        self.records[stage] = StageRecord(StageStatus.SKIPPED, reason=reason)
+        self.result.timings.pop(stage, None)
+
+    def reuse(self, stage: str, built_at: str) -> None:
+        """A stage whose artifact is carried over from an earlier build."""
+        self.records[stage] = StageRecord(StageStatus.REUSED, reused_from=built_at)
+
+    def manifest_form(self) -> dict[str, dict[str, Any]]:
+        """The ``stages`` field of the model's manifest entry."""
+        return {name: record.to_dict() for name, record in self.records.items()}
+
+
+@dataclasses.dataclass
+class Plan:
+    """What a model's build depends on: the full key, and (PyTorch) the export key."""
+
+    inputs: dict[str, Any]
+    fingerprint: str
+    export_fingerprint: str | None = None
+    weights_stat: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+
+
+def _link_or_copy(source: Path, destination: Path) -> None:
+    """Hard-link ``source`` (staging is beside the repository), copying where links fail.
+
+    Nothing writes a carried-over file in place: commit renames folders, and the previous
+    folder's name is dropped, so the new folder ends up the file's only name.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+def _write_config(model_dir: Path, text: str) -> None:
+    (model_dir / "config.pbtxt").write_text(text)
+
+
+def warmup_record(model: ModelSpec) -> dict[str, Any] | None:
+    """What a PyTorch model's warmup files depend on besides its sample-input module.
+
+    In its manifest (JSON) form, so that it compares equal to the recorded one.
+    """
+    return json.loads(json.dumps(dataclasses.asdict(model.warmup))) if model.warmup else None
+
+
+def _parity_figures(entry: ModelEntry) -> dict[str, list[dict[str, Any]]]:
+    return {rt: p.get("cases", []) for rt, p in (entry.parity or {}).items()}
+
+
+class PytorchBuilder:
+    """A PyTorch model: load, export to ONNX, parity, [gpu] TensorRT plan and its parity."""
+
+    kind = ModelKind.PYTORCH
+
+    def __init__(self, spec: RepoSpec, model: ModelSpec, target: str, config_text: str) -> None:
+        self.spec, self.model, self.target, self.text = spec, model, target, config_text
+        self.where = f"{spec.path}: model {model.name!r}: "
+
+    @property
+    def _tensorrt(self) -> bool:
+        return self.target == "gpu" and self.model.gpu.backend == "tensorrt"
+
+    def plan(self, previous: ModelEntry | None) -> Plan:
+        """The full and export keys of this model."""
+        inputs, stats = pytorch_inputs(self.spec, self.model, self.target, self.text, previous)
+        device = None
+        if self._tensorrt:
+            from tools.build_repo.onnx2trt import device_record
+
+            device = device_record()
+        export = export_inputs(self.model, self.target, inputs["modules"], inputs["weights"], device)
+        inputs["device"] = device
+        return Plan(inputs, fingerprint(inputs), fingerprint(export), stats)
+
+    # --- reuse -------------------------------------------------------------------------------
+
+    def _exported_files(self, previous: ModelEntry) -> list[str]:
+        """The artifacts of the previous build that a repackage carries over (relative paths)."""
+        names = [cfg.ONNX_FILE]
+        if self._tensorrt:
+            if previous.tensorrt is None:
+                return []  # the plan was not built last time (no GPU): nothing complete to reuse
+            names.append(cfg.PLAN_FILE)
+        return [f"{VERSION}/{n}{suffix}" for n in names for suffix in ("", ".reproduce.sh")]
+
+    def reusable_export(self, model_dir: Path, previous: ModelEntry | None, plan: Plan) -> list[str] | None:
+        """The previous artifacts to carry over, or None when the export must be redone."""
+        if previous is None:
+            return None
+        export = previous.export or {}
+        if (
+            export.get("fingerprint") != plan.export_fingerprint
+            or not export.get("built_at")
+            or previous.kind != ModelKind.PYTORCH.value
+            or previous.target != self.target
+            or previous.parity is None
+        ):
+            return None
+        files = self._exported_files(previous)
+        if not files or not matching_artifacts(model_dir, previous.artifacts, files):
+            return None
+        return files
+
+    # --- building ----------------------------------------------------------------------------
+
+    def build(self, model_dir: Path, output: Path, stages: Stages, entry: ModelEntry) -> None:
+        """Export, check and write the model folder."""
+        from tools.build_repo import onnx2trt
+        from tools.build_repo.parity import check_parity, figures_to_manifest, onnxruntime_runner
+        from tools.build_repo.torch2onnx import export_onnx, trace_sample, write_reproduce_script
+
+        spec, model, target = self.spec, self.model, self.target
+        version_dir = model_dir / VERSION
+        version_dir.mkdir()
+        factory = resolve_reference(model.source, self.where)
+        sample_fn = resolve_reference(model.sample_inputs, self.where)
+        torch_model = stages.run("load", factory)
+        onnx_path = version_dir / cfg.ONNX_FILE
+        stages.run("export", lambda: export_onnx(torch_model, trace_sample(model, sample_fn), model, onnx_path))
+        write_reproduce_script(onnx_path, spec.path, output, model.name, target)
+        runner = onnxruntime_runner(str(onnx_path), threads=spec.cpu_cores)
+        figures = stages.run(
+            "parity", check_parity, model, torch_model, sample_fn, runner, runtime="onnxruntime"
+        )
+        result = stages.result
+        result.parity["onnxruntime"] = figures_to_manifest(figures)
+        entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,
+                                        "cases": result.parity["onnxruntime"]}}
+
+        if self._tensorrt:
+            plan_path = version_dir / cfg.PLAN_FILE
+            cache_dir = spec.root / ".cache" / "tensorrt"
+            outcome = stages.run("onnx2trt", onnx2trt.build_plan, model, onnx_path, plan_path, cache_dir)
+            if outcome.status == StageStatus.SKIPPED:
+                stages.skip("onnx2trt", outcome.reason)
+                result.note = f"onnx2trt skipped: {outcome.reason}"
+            else:
+                write_reproduce_script(
+                    plan_path, spec.path, output, model.name, target,
+                    note=f"TensorRT {outcome.info.tensorrt_version}, compute capability "
+                         f"{outcome.info.compute_capability}, {outcome.precision}",
+                )
+                atol, rtol = onnx2trt.parity_tolerance(model, outcome.precision)
+                plan_figures = stages.run(
+                    "parity_trt", check_parity, model, torch_model, sample_fn,
+                    onnx2trt.plan_runner(plan_path), runtime=f"tensorrt {outcome.precision}",
+                    atol=atol, rtol=rtol,
+                )
+                result.parity["tensorrt"] = figures_to_manifest(plan_figures)
+                entry.parity["tensorrt"] = {"atol": atol, "rtol": rtol,
+                                            "cases": result.parity["tensorrt"]}
+                entry.tensorrt = outcome.manifest_record()
+
+        stages.run("write", self._write_files, model_dir, sample_fn)
+        self._describe(entry)
+
+    def _describe(self, entry: ModelEntry) -> None:
+        model = self.model
+        entry.opset = model.opset
+        entry.warmup = warmup_record(model)
+        entry.source = {"factory": model.source, "sample_inputs": model.sample_inputs,
+                        "weights": model.weights}
+
+    def _write_files(self, model_dir: Path, sample_fn=None, warmup: bool = True) -> None:
+        """config.pbtxt, warmup files and (cpu target) the onnx_runner backend.
+
+        ``warmup=False``: the warmup files were carried over (this skips importing the sample
+        module, and with it torch).
+        """
+        import numpy as np
+
+        model = self.model
+        _write_config(model_dir, self.text)
+        if model.warmup is not None and warmup:
+            sample_fn = sample_fn or resolve_reference(model.sample_inputs, self.where)
+            warm = model_dir / "warmup"
+            warm.mkdir()
+            for batch in model.warmup.batch_sizes:
+                sample = sample_fn(batch, dict(model.warmup.axes))
+                for t in model.inputs:
+                    data = np.ascontiguousarray(sample[t.name].numpy().astype(t.numpy_dtype))
+                    (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
+        if self.target == "cpu":
+            copy_python_backend(
+                self.spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION, {},
+                self.where.rstrip(": "),
+            )
+
+    def repackage(
+        self, model_dir: Path, previous_dir: Path, files: list[str], previous: ModelEntry,
+        stages: Stages, entry: ModelEntry,
+    ) -> None:
+        """Stage the model around its previous export: no export, no parity, no onnx2trt."""
+        built_at = previous.export["built_at"]
+        artifacts = previous.artifacts
+        # Warmup files come from the sample-input module (in the export fingerprint) and the
+        # warmup spec: when that is unchanged too, they are carried over rather than regenerated.
+        warmup = sorted(k for k in artifacts if k.startswith("warmup/"))
+        keep_warmup = (
+            self.model.warmup is not None
+            and bool(warmup)
+            and previous.warmup == warmup_record(self.model)
+            and matching_artifacts(previous_dir, artifacts, warmup)
+        )
+        carried = files + (warmup if keep_warmup else [])
+
+        def carry() -> None:
+            for relative in carried:
+                _link_or_copy(previous_dir / relative, model_dir / relative)
+
+        stages.run("reuse", carry)
+        for stage in EXPORT_STAGES:
+            if stage in previous.stages:
+                stages.reuse(stage, built_at)
+        stages.run("write", self._write_files, model_dir, warmup=not keep_warmup)
+        entry.carried_over = carried
+        entry.parity = previous.parity
+        entry.parity_carried_over_from = built_at
+        entry.tensorrt = previous.tensorrt
+        entry.export = {**previous.export, "reused": True}
+        self._describe(entry)
+        stages.result.parity = _parity_figures(previous)
+        stages.result.note = f"export reused; parity carried over from the build at {built_at}"
+
+
+class PythonBuilder:
+    """A Python-backend model: config, model.py, pipeline_ops and its data files, warmup."""
+
+    kind = ModelKind.PYTHON
+
+    def __init__(self, spec: RepoSpec, model: PythonModelSpec, target: str, config_text: str) -> None:
+        self.spec, self.model, self.target, self.text = spec, model, target, config_text
+        self.owner = f"{spec.path}: python model {model.name!r}"
+
+    def plan(self, previous: ModelEntry | None) -> Plan:
+        """The key of this model."""
+        inputs = python_inputs(self.spec, self.model, self.target, self.text)
+        return Plan(inputs, fingerprint(inputs))
+
+    def reusable_export(self, model_dir: Path, previous: ModelEntry | None, plan: Plan) -> None:
+        """Python models have no export to reuse."""
+        return None
+
+    def build(self, model_dir: Path, output: Path, stages: Stages, entry: ModelEntry) -> None:
+        """Write the model folder."""
+        model, owner = self.model, self.owner
+        files = python_files(self.spec, model)
+
+        def write() -> None:
+            _write_config(model_dir, self.text)
+            copy_python_backend(self.spec.backends, model.backend, model_dir / VERSION, files, owner)
+            if model.warmup:
+                warm = model_dir / "warmup"
+                warm.mkdir()
+                dims = {t.name: t.dims for t in model.inputs}
+                for w in model.warmup:
+                    for name, texts in w.inputs:
+                        if any(d < 0 for d in dims[name]):
+                            raise SpecError(f"{owner}: field 'warmup': input {name!r} has variable dims")
+                        count = w.batch_size * math.prod(dims[name])
+                        (warm / cfg.warmup_file_name(name, w.batch_size)).write_bytes(
+                            cfg.python_warmup_bytes(texts, count)
+                        )
+
+        stages.run("write", write)
+        entry.backend = model.backend
+
+
+class EnsembleBuilder:
+    """A pipeline: the ensemble config and its (empty) version folder."""
+
+    kind = ModelKind.ENSEMBLE
+
+    def __init__(self, spec: RepoSpec, pipeline: PipelineSpec, target: str, config_text: str) -> None:
+        self.pipeline, self.target, self.text = pipeline, target, config_text
+
+    def plan(self, previous: ModelEntry | None) -> Plan:
+        """The key of this pipeline."""
+        inputs = ensemble_inputs(self.pipeline, self.target, self.text)
+        return Plan(inputs, fingerprint(inputs))
+
+    def reusable_export(self, model_dir: Path, previous: ModelEntry | None, plan: Plan) -> None:
+        """Ensembles have no export to reuse."""
+        return None
+
+    def build(self, model_dir: Path, output: Path, stages: Stages, entry: ModelEntry) -> None:
+        """Write the ensemble folder."""
+        def write() -> None:
+            _write_config(model_dir, self.text)
+            (model_dir / VERSION).mkdir()  # Triton wants a version folder, even an empty one
+
+        stages.run("write", write)
+
+
+Builder = PytorchBuilder | PythonBuilder | EnsembleBuilder
+_BUILDERS: dict[type, type] = {
+    ModelSpec: PytorchBuilder,
+    PythonModelSpec: PythonBuilder,
+    PipelineSpec: EnsembleBuilder,
+}
+
+
+def builder_for(spec: RepoSpec, entry: ModelSpec | PythonModelSpec | PipelineSpec, target: str,
+                config_text: str) -> Builder:
+    """The builder of one spec entry, chosen by its type."""
+    for spec_type, builder in _BUILDERS.items():
+        if isinstance(entry, spec_type):
+            return builder(spec, entry, target, config_text)
+    raise TypeError(f"no builder for {type(entry).__name__}")

@@ -1,0 +1,167 @@
+"""What each model's build depends on, hashed: the keys that decide skip, repackage or build.
+
+The full key covers every input of a model folder; a PyTorch model's export key covers only
+what model.onnx, model.plan and their parity figures depend on, so packaging edits repackage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from tools.build_repo import config as cfg
+from tools.build_repo.manifest import (
+    ModelEntry,
+    fingerprint,
+    module_file,
+    sha256_file,
+    sha256_tree,
+    tool_versions,
+)
+from tools.build_repo.repository import backend_source
+from tools.build_repo.spec import ModelSpec, PythonModelSpec, RepoSpec, resolve_file, resolve_reference, spec_hash
+from tools.errors import SpecError
+
+PACKAGE = Path(__file__).resolve().parent
+# Modules of this package that shape no artifact: the CLI, the display and the result types.
+# Every other module (a new one included) is part of the full key of every model.
+NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py"})
+# Modules that shape config.pbtxt, warmup, backend files or the repository layout but not the
+# exported graph or its parity: left out of the export key.
+PACKAGING_ONLY = frozenset({
+    "config.py", "ensemble.py", "repository.py", "manifest.py", "fingerprints.py", "pipeline.py",
+    "drift.py",
+})
+EXPORT_TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt")
+# The fields of a ModelSpec that shape the exported graph or its parity check.
+EXPORT_FIELDS = ("name", "source", "sample_inputs", "weights", "inputs", "outputs", "axes",
+                 "max_batch_size", "opset", "atol", "rtol")
+GPU_EXPORT_FIELDS = ("backend", "precision", "workspace_mb", "fp16_atol", "fp16_rtol")
+
+
+def builder_sources(*, export_only: bool = False) -> dict[str, str]:
+    """sha256 of the package's modules that shape artifacts (all of them, or the export's)."""
+    skip = NOT_SHAPING | (PACKAGING_ONLY if export_only else frozenset())
+    return {p.name: sha256_file(p) for p in sorted(PACKAGE.glob("*.py")) if p.name not in skip}
+
+
+def _file_stat(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _weights(
+    spec: RepoSpec, model: ModelSpec, modules: dict[str, str], previous: ModelEntry | None
+) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """sha256 of the weight files, and their (size, mtime) for the next run.
+
+    When the model's modules and its ``weights`` reference are unchanged, the files they name
+    are the ones recorded last time, so the module (and torch) need not be imported; a file
+    whose size and mtime are unchanged keeps its recorded hash. This keeps a no-op rebuild to a
+    few seconds.
+    """
+    if not model.weights:
+        return {}, {}
+    old_inputs = previous.inputs if previous else {}
+    old_stat = previous.weights_stat if previous else {}
+    old_source = (previous.source or {}) if previous else {}
+    if (
+        old_inputs.get("modules") == modules
+        and old_inputs.get("weights")
+        and old_source.get("weights") == model.weights
+    ):
+        paths = [Path(p) for p in old_inputs["weights"]]
+    else:
+        where = f"{spec.path}: model {model.name!r}: field 'weights': "
+        paths = [Path(p) for p in resolve_reference(model.weights, where)()]
+    hashes, stats = {}, {}
+    for path in paths:
+        if not path.is_file():
+            raise SpecError(f"{spec.path}: model {model.name!r}: weights file {path} is missing")
+        stats[str(path)] = _file_stat(path)
+        recorded = old_inputs.get("weights", {}).get(str(path))
+        same = recorded and old_stat.get(str(path)) == stats[str(path)]
+        hashes[str(path)] = recorded if same else sha256_file(path)
+    return hashes, stats
+
+
+def pytorch_inputs(
+    spec: RepoSpec, model: ModelSpec, target: str, config_text: str, previous: ModelEntry | None
+) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """Everything a PyTorch model's folder depends on, and the weight files' (size, mtime)."""
+    where = f"{spec.path}: model {model.name!r}: "
+    modules = {}
+    for ref in sorted({model.source, model.sample_inputs}):
+        path = module_file(ref)
+        if path is None:
+            raise SpecError(f"{where}field 'source': cannot find the module of {ref!r}")
+        modules[ref] = sha256_file(path)
+    weights, stats = _weights(spec, model, modules, previous)
+    backend = None
+    if target == "cpu":
+        root = spec.backends
+        backend = {
+            "model.py": sha256_file(backend_source(root, cfg.ONNX_RUNNER_BACKEND, where.rstrip(": "))),
+            "pipeline_ops": sha256_tree(root / "pipeline_ops"),
+        }
+    inputs = {
+        "spec": spec_hash(model, target),
+        "config": config_text,
+        "modules": modules,
+        "weights": weights,
+        "tools": tool_versions(),
+        "builder": fingerprint(builder_sources()),
+        "backend": backend,
+    }
+    return inputs, stats
+
+
+def export_inputs(
+    model: ModelSpec, target: str, modules: dict[str, str], weights: dict[str, str],
+    device: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The part of a PyTorch model's inputs that model.onnx, model.plan and parity depend on.
+
+    Batching, instances, warmup, the rendered config and the Python-backend files are left
+    out: changing only those repackages the model around the previous export. ``device`` (gpu
+    target) holds the TensorRT version and GPU compute capability a plan would be built for, so
+    a new serving image or another GPU rebuilds the plan.
+    """
+    fields = dataclasses.asdict(model)
+    tools = tool_versions()
+    return {
+        "target": target,
+        "model": {k: fields[k] for k in EXPORT_FIELDS},
+        "gpu": {k: fields["gpu"][k] for k in GPU_EXPORT_FIELDS} if target == "gpu" else None,
+        "device": device,
+        "modules": modules,
+        "weights": weights,
+        "tools": {k: tools.get(k) for k in EXPORT_TOOLS},
+        "builder": builder_sources(export_only=True),
+    }
+
+
+def python_files(spec: RepoSpec, model: PythonModelSpec) -> dict[str, Path]:
+    """The data files a Python model ships (name in the version folder -> source path)."""
+    where = f"{spec.path}: python model {model.name!r}: field 'files': "
+    return {name: resolve_file(location, spec.root, where) for name, location in model.files}
+
+
+def python_inputs(spec: RepoSpec, model: PythonModelSpec, target: str, config_text: str) -> dict[str, Any]:
+    """Everything a Python model's folder depends on."""
+    root = spec.backends
+    owner = f"{spec.path}: python model {model.name!r}"
+    return {
+        "spec": spec_hash(model, target),
+        "config": config_text,
+        "model.py": sha256_file(backend_source(root, model.backend, owner)),
+        "pipeline_ops": sha256_tree(root / "pipeline_ops"),
+        "files": {k: sha256_file(v) for k, v in python_files(spec, model).items()},
+        "builder": fingerprint(builder_sources()),
+    }
+
+
+def ensemble_inputs(pipeline: Any, target: str, config_text: str) -> dict[str, Any]:
+    """An ensemble folder depends on its spec entry and rendered config only."""
+    return {"spec": spec_hash(pipeline, target), "config": config_text}
