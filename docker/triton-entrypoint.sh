@@ -3,8 +3,17 @@
 # under the watchdog (docker/triton_supervisor.py), which stops it, and so restarts the
 # container, when a model stops answering. TRITON_WATCHDOG=off execs tritonserver directly.
 # A plan built with another TensorRT version or for another GPU is refused here with the command
-# that rebuilds it, instead of failing inside Triton with "version tag does not match".
+# that rebuilds it, instead of failing inside Triton with "unable to create TensorRT engine"
+# (TensorRT's "expecting library version X got Y" or "Version tag does not match").
 set -eu
+# NGC images start containers through /opt/nvidia/nvidia_entrypoint.sh, which wires CUDA forward
+# compatibility (older drivers) and prints the image's banner; replacing the entrypoint loses it.
+# Re-run this script through it once, where it exists (not in the CPU image).
+nv_entrypoint="${NVIDIA_ENTRYPOINT:-/opt/nvidia/nvidia_entrypoint.sh}"
+if [ -z "${TRITON_FORGE_VIA_NV_ENTRYPOINT:-}" ] && [ -x "${nv_entrypoint}" ]; then
+    export TRITON_FORGE_VIA_NV_ENTRYPOINT=1
+    exec "${nv_entrypoint}" /bin/sh "$0" "$@"
+fi
 here="$(dirname "$0")"
 repository="${MODEL_REPOSITORY:-/models}"
 PYTHONPATH="/opt/triton-forge${PYTHONPATH:+:${PYTHONPATH}}" \

@@ -279,3 +279,35 @@ def test_guard_runs_from_the_files_the_serving_image_copies_with_the_standard_li
 
     assert "No module named" not in proc.stderr, proc.stderr
     assert proc.returncode != 0 and "model 'minilm_encoder'" in proc.stderr + proc.stdout
+
+
+def test_triton_entrypoint_runs_through_the_nvidia_entrypoint_once_where_it_exists(tmp_path):
+    marker = tmp_path / "nv-entrypoint-ran"
+    nv = tmp_path / "nvidia_entrypoint.sh"
+    nv.write_text(f'#!/bin/sh\necho ran >> "{marker}"\nexec "$@"\n')
+    nv.chmod(0o755)
+    repo = _repository(tmp_path, {"text_tokenizer": None})  # no plans: the guard passes
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "NVIDIA_ENTRYPOINT": str(nv),
+           "MODEL_REPOSITORY": str(repo), "TRITON_WATCHDOG": "off"}
+
+    proc = subprocess.run(
+        ["/bin/sh", str(ROOT / "docker" / "triton-entrypoint.sh"), "sh", "-c", "echo served"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("served")
+    assert marker.read_text() == "ran\n", "through NVIDIA's entrypoint exactly once"
+
+
+def test_triton_entrypoint_runs_directly_where_there_is_no_nvidia_entrypoint(tmp_path):
+    repo = _repository(tmp_path, {"text_tokenizer": None})
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "MODEL_REPOSITORY": str(repo),
+           "NVIDIA_ENTRYPOINT": str(tmp_path / "absent.sh"), "TRITON_WATCHDOG": "off"}
+
+    proc = subprocess.run(
+        ["/bin/sh", str(ROOT / "docker" / "triton-entrypoint.sh"), "sh", "-c", "echo served"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "served", proc.stderr
