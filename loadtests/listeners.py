@@ -19,6 +19,7 @@ import gevent
 from locust import events
 
 from loadtests.users import close_grpc_clients
+from tools import stats
 from tools.loadtest import gate, triton_stats
 from tools.loadtest.slo import DEFAULT_SLO_FILE, load_slo
 
@@ -224,8 +225,8 @@ def _progress_loop(environment, interval: float) -> None:
         new = len(records) - seen
         rps = new / (now - last) if now > last else 0.0
         seen, last = len(records), now
-        measured = sorted(r.latency_ms for r in records if r.ok and r.start_s >= warmup)
-        p99 = f"{gate.percentile(measured, 99.0):.1f}" if measured else "-"
+        live = stats.summarize(records, stats.Window(warmup, elapsed)).latency
+        p99 = f"{live.p99_ms:.1f}" if live else "-"
         errors = sum(1 for r in records if not r.ok)
         phase = "warmup" if elapsed < warmup else "measure"
         print(
@@ -336,7 +337,7 @@ def run_gate(environment) -> int:
             "arrival_rate": opts.arrival_rate or None,
             "warmup_s": opts.warmup,
             "stop_s": stop_s,
-            "percentile_method": "nearest-rank over successful requests sent after the warm-up",
+            "percentile_method": stats.METHOD,
             "results": results,
             "triton": triton,
             "exit_code": code,

@@ -24,10 +24,11 @@ answer ``EMBEDDING`` as JSON floats; FastAPI gets ``{"text": ...}`` and answers
 ``{"embedding": [...]}``. Every answer is parsed and checked to hold 384 floats. gRPC (both
 Triton servers, ``tritonclient.grpc.aio``, binary tensors) is measured too unless ``--no-grpc``.
 
-Throughput counts requests completed inside the measured window (after ``--warmup``), divided by
-its length; P50/P99 are nearest-rank percentiles of those requests' exact latencies; failed
-requests are counted apart. Each run is bounded by ``--duration`` and ``--max-requests``, each
-request by ``--request-timeout``. ``--rounds N`` repeats everything with the order reversed every
+Figures follow ``tools.stats``: a request counts when it started after ``--warmup`` and completed
+inside the measured window; throughput is the successful ones divided by the window's length;
+P50/P99 are nearest-rank percentiles of their exact latencies; failed requests are counted apart.
+Each run is bounded by ``--duration`` and ``--max-requests``, each request by
+``--request-timeout``. ``--rounds N`` repeats everything with the order reversed every
 other round and adds medians. All servers bind 127.0.0.1 on free ports and run in their own
 process groups, killed at the end. Writes ``<output>/compare.json`` and prints the table.
 """
@@ -53,7 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.loadtest.gate import percentile
+from tools import stats
 from tools.serve.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,23 +97,39 @@ class RunResult:
         return asdict(self)
 
 
-def summarise(server: str, protocol: str, concurrency: int, latencies_ms: Sequence[float],
-              errors: Sequence[str], seconds: float) -> RunResult:
-    """Throughput (completed requests / measured seconds) and P50/P99 of the exact latencies."""
-    if seconds <= 0:
-        raise ValueError(f"{server} {protocol}: measured window of {seconds} s")
-    ordered = sorted(latencies_ms)
+def summarise(server: str, protocol: str, concurrency: int, records: Sequence[stats.Timed],
+              window: stats.Window) -> RunResult:
+    """Throughput and P50/P99 of one run's raw records under ``tools.stats``' window rule.
+
+    Args:
+        server: Server name (``SERVERS``).
+        protocol: ``http`` or ``grpc``.
+        concurrency: Requests kept in flight.
+        records: Every request of the run, warm-up included, in completion order.
+        window: The measured window, on the records' clock.
+
+    Returns:
+        ``requests`` are the successful counted requests, ``errors`` the failed ones, and
+        throughput is ``requests`` over the window's length.
+
+    Raises:
+        ValueError: the window is empty.
+    """
+    if window.length_s <= 0:
+        raise ValueError(f"{server} {protocol}: measured window of {window.length_s} s")
+    summary = stats.summarize(records, window)
+    latency = summary.latency
     return RunResult(
         server=server,
         protocol=protocol,
         concurrency=concurrency,
-        requests=len(ordered),
-        errors=len(errors),
-        seconds=seconds,
-        throughput=len(ordered) / seconds,
-        p50_ms=percentile(ordered, 50) if ordered else None,
-        p99_ms=percentile(ordered, 99) if ordered else None,
-        first_error=errors[0] if errors else "",
+        requests=summary.ok,
+        errors=summary.errors,
+        seconds=window.length_s,
+        throughput=summary.throughput_rps,
+        p50_ms=latency.p50_ms if latency else None,
+        p99_ms=latency.p99_ms if latency else None,
+        first_error=summary.first_error,
     )
 
 
@@ -260,48 +277,6 @@ def read_texts(path: Path) -> list[str]:
 # ------------------------------------------------------------------------ child processes
 
 
-def _children(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (walks /proc)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the child's process group, then SIGKILL the group and any escaped descendant."""
-    if proc.poll() is None:
-        descendants = _children(proc.pid)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        descendants += _children(proc.pid)
-    else:
-        descendants = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in descendants:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
 def _get(url: str, timeout_s: float = 2.0) -> int:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -316,34 +291,32 @@ def _get(url: str, timeout_s: float = 2.0) -> int:
 def child_server(kind: str, extra: Sequence[str], ready_url: str, log: Path,
                  timeout_s: float, env_extra: dict[str, str] | None = None
                  ) -> Iterator[subprocess.Popen]:
-    """Run this script's ``--serve KIND`` in its own session; wait for ``ready_url`` to say 200."""
-    from tools.serve.backend_dir import libpython_dir
+    """Run this script's ``--serve KIND`` in its own session; wait for ``ready_url`` to say 200.
 
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    On the way out the child's group gets SIGTERM, 15 s, then SIGKILL (with any descendant that
+    left the group).
+    """
+    from tools import process
+    from tools.serve.server import stub_environment
+
     # as EmbeddedServer: the Python-backend stub must load this interpreter's libpython
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p)
+    env = stub_environment()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(env_extra or {})
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", kind,
-                                 *extra], stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = process.start([sys.executable, str(Path(__file__).resolve()), "--serve", kind, *extra],
+                         env=env, log_path=log)
     try:
-        deadline = time.monotonic() + timeout_s
-        while _get(ready_url) != 200:
-            if proc.poll() is not None:
-                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-                raise SystemExit(f"{kind} server exited while starting ({proc.returncode}): "
-                                 f"{tail} (log: {log})")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{kind} server not ready after {timeout_s:g} s (log: {log})")
-            time.sleep(0.3)
+        outcome = process.wait_ready(proc, lambda: _get(ready_url) == 200, timeout_s,
+                                     interval_s=0.3)
+        if outcome is process.Readiness.EXITED:
+            tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+            raise SystemExit(f"{kind} server exited while starting ({proc.returncode}): "
+                             f"{tail} (log: {log})")
+        if outcome is process.Readiness.TIMED_OUT:
+            raise SystemExit(f"{kind} server not ready after {timeout_s:g} s (log: {log})")
         yield proc
     finally:
-        stop_group(proc)
+        process.stop(proc, grace_s=15.0)
 
 
 # ------------------------------------------------------------------------- the servers' code
@@ -489,21 +462,23 @@ def _one_line(exc: BaseException) -> str:
 
 
 async def closed_loop(send: Sender, n_texts: int, concurrency: int, warmup_s: float,
-                      duration_s: float, max_requests: int) -> tuple[list[float], list[str], float]:
+                      duration_s: float, max_requests: int
+                      ) -> tuple[list[stats.Record], stats.Window]:
     """``concurrency`` workers, each sending the next text as soon as its last one returned.
 
-    Returns the exact latencies (ms) and errors of the requests completed inside the measured
-    window, and the window's length (shorter than ``duration_s`` if ``max_requests`` ended it).
+    Returns every request's raw record (``start_s`` in seconds from the loop's start, warm-up
+    included, in completion order) and the measured window ``[warmup_s, warmup_s + duration_s]``,
+    ended early when ``max_requests`` successful requests counted in it (``tools.stats`` rule).
     """
-    latencies: list[float] = []
-    errors: list[str] = []
+    records: list[stats.Record] = []
     counter = iter(range(10**12))
     start = time.perf_counter()
-    window_start = start + warmup_s
-    window = {"end": window_start + duration_s}
+    window = stats.Window(warmup_s, warmup_s + duration_s)
+    counted = 0
 
     async def worker() -> None:
-        while time.perf_counter() < window["end"]:
+        nonlocal window, counted
+        while time.perf_counter() - start < window.end_s:
             index = next(counter) % n_texts
             t0 = time.perf_counter()
             try:
@@ -511,21 +486,16 @@ async def closed_loop(send: Sender, n_texts: int, concurrency: int, warmup_s: fl
                 error = ""
             except Exception as exc:  # noqa: BLE001 - counted; the first is reported
                 error = _one_line(exc)
-            t1 = time.perf_counter()
-            if window_start <= t1 < window["end"]:
-                if error:
-                    errors.append(error)
-                else:
-                    latencies.append((t1 - t0) * 1000.0)
-                    if len(latencies) >= max_requests:
-                        window["end"] = t1  # the count bound ends the window here
-                        window["capped"] = True
+            latency_ms = (time.perf_counter() - t0) * 1000.0
+            record = stats.Record(t0 - start, latency_ms, not error, error)
+            records.append(record)
+            if record.ok and window.counts(record):
+                counted += 1
+                if counted >= max_requests:  # the count bound ends the window here
+                    window = stats.Window(warmup_s, stats.end_s(record))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    seconds = window["end"] - window_start
-    if window.get("capped"):
-        seconds = max(seconds, 1e-9)
-    return latencies, errors, seconds
+    return records, window
 
 
 def _check_embedding(values: Any) -> list[float]:
@@ -613,10 +583,10 @@ async def _measure(make_sender: Callable[[], Any], server: str, protocol: str,
     async with make_sender() as send:
         probes = [await send(i) for i in range(min(PROBE_TEXTS, n_texts))]
         bound = args.warmup + args.duration + args.request_timeout + 30
-        latencies, errors, seconds = await asyncio.wait_for(
+        records, window = await asyncio.wait_for(
             closed_loop(send, n_texts, args.concurrency, args.warmup, args.duration,
                         args.max_requests), timeout=bound)
-    return summarise(server, protocol, args.concurrency, latencies, errors, seconds), probes
+    return summarise(server, protocol, args.concurrency, records, window), probes
 
 
 def fetch_stats(url: str, headers: dict[str, str]) -> dict[str, Any]:
@@ -669,7 +639,7 @@ def built_repository(args: argparse.Namespace) -> Iterator[Path]:
     if args.repository is not None:
         yield args.repository.resolve()
         return
-    from tools.build_repo.command import build_repository
+    from tools.build_repo.pipeline import build_repository
 
     with tempfile.TemporaryDirectory(prefix="compare-servers-") as tmp:
         out = Path(tmp) / "model_repository"
@@ -780,22 +750,16 @@ def median_results(results: Sequence[RunResult]) -> list[RunResult]:
     for r in results:
         groups.setdefault((r.server, r.protocol), []).append(r)
 
-    def median(values: Sequence[float | None]) -> float | None:
-        known = sorted(v for v in values if v is not None)
-        if not known:
-            return None
-        mid = len(known) // 2
-        return known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2
-
     out = []
     for (server, protocol), rows in groups.items():
         out.append(RunResult(
             server=server, protocol=protocol, concurrency=rows[0].concurrency,
             requests=sum(r.requests for r in rows), errors=sum(r.errors for r in rows),
             seconds=sum(r.seconds for r in rows),
-            throughput=median([r.throughput for r in rows]) or 0.0,
-            p50_ms=median([r.p50_ms for r in rows]), p99_ms=median([r.p99_ms for r in rows]),
-            mean_batch=median([r.mean_batch for r in rows]), round=0,
+            throughput=stats.median([r.throughput for r in rows]) or 0.0,
+            p50_ms=stats.median([r.p50_ms for r in rows]),
+            p99_ms=stats.median([r.p99_ms for r in rows]),
+            mean_batch=stats.median([r.mean_batch for r in rows]), round=0,
             first_error=next((r.first_error for r in rows if r.first_error), ""),
             notes=f"median of {len(rows)} rounds",
         ))

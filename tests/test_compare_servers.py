@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.stats import Record, Window
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_servers.py"
 
 
@@ -20,9 +22,16 @@ def compare():
     return module
 
 
+def _run(latencies_ms, errors=(), seconds=20.0):
+    """Raw records of one run started after a 1 s warm-up and completed well inside the window."""
+    records = [Record(1.0, float(v), True) for v in latencies_ms]
+    records += [Record(1.0, 1.0, False, error) for error in errors]
+    return records, Window(1.0, 1.0 + seconds)
+
+
 def test_summary_counts_only_successes_and_takes_nearest_rank_percentiles(compare):
     latencies = [float(v) for v in range(100, 0, -1)]  # 1..100 ms, unsorted
-    result = compare.summarise("triton", "http", 32, latencies, ["HTTP 503: busy"], 20.0)
+    result = compare.summarise("triton", "http", 32, *_run(latencies, ["HTTP 503: busy"], 20.0))
     assert result.requests == 100 and result.errors == 1
     assert result.throughput == pytest.approx(5.0)  # 100 completed / 20 s; the error not counted
     assert (result.p50_ms, result.p99_ms) == (50.0, 99.0)  # observed values, not interpolated
@@ -30,7 +39,7 @@ def test_summary_counts_only_successes_and_takes_nearest_rank_percentiles(compar
 
 
 def test_ratio_is_throughput_over_the_best_of_the_run(compare):
-    results = [compare.summarise(name, "http", 32, [10.0] * n, [], 10.0)
+    results = [compare.summarise(name, "http", 32, *_run([10.0] * n, seconds=10.0))
                for name, n in (("triton", 400), ("pytriton", 500), ("fastapi", 250))]
     best = compare.add_ratios(results)
     assert best.server == "pytriton"
@@ -40,7 +49,7 @@ def test_ratio_is_throughput_over_the_best_of_the_run(compare):
 
 
 def test_run_without_successes_reports_no_percentiles(compare):
-    result = compare.summarise("fastapi", "http", 8, [], ["timeout"] * 3, 5.0)
+    result = compare.summarise("fastapi", "http", 8, *_run([], ["timeout"] * 3, 5.0))
     assert (result.throughput, result.p50_ms, result.p99_ms) == (0.0, None, None)
     assert "-" in compare.format_table([result]).splitlines()[2]
 
@@ -72,11 +81,12 @@ def test_max_requests_ends_the_measured_window_early(compare):
         return [0.0] * compare.EMBEDDING_DIM
 
     started = time.perf_counter()
-    latencies, errors, seconds = asyncio.run(
+    records, window = asyncio.run(
         compare.closed_loop(send, 5, concurrency=4, warmup_s=0.0, duration_s=30.0,
                             max_requests=40))
-    assert len(latencies) == 40 and errors == []
-    assert seconds < 5 and time.perf_counter() - started < 5
+    counted = [r for r in records if window.counts(r)]
+    assert len(counted) == 40 and all(r.ok for r in counted)
+    assert window.length_s < 5 and time.perf_counter() - started < 5
 
 
 def test_both_triton_servers_get_the_identical_kserve_json_body(compare):
@@ -92,7 +102,7 @@ def test_rounds_are_summarised_by_the_median_per_server_and_protocol(compare):
     rows = []
     for number, (ours, theirs) in enumerate([(40.0, 30.0), (60.0, 50.0), (50.0, 10.0)], 1):
         for server, rate in (("triton", ours), ("fastapi", theirs)):
-            row = compare.summarise(server, "http", 32, [float(rate)] * int(rate), [], 1.0)
+            row = compare.summarise(server, "http", 32, *_run([rate] * int(rate), seconds=1.0))
             row.round = number
             rows.append(row)
     medians = compare.median_results(rows)

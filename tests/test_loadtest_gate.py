@@ -64,9 +64,9 @@ def test_summarize_excludes_warmup_and_requests_sent_after_stop():
     assert summary.excluded_after_stop == 1
     assert summary.latency_ms["p99_ms"] == 108.0
     assert summary.latency_ms["max_ms"] == 109.0
-    # throughput counts answers arriving in the window: the two slow warm-up requests end
-    # at 5.5 s and 5.9 s, inside it; the request sent after the stop does not
-    assert summary.throughput_rps == pytest.approx(102 / 10.0)
+    # the two slow warm-up requests end at 5.5 s and 5.9 s, inside the window, but started
+    # before it: they do not count towards throughput either (tools.stats' window rule)
+    assert summary.throughput_rps == pytest.approx(100 / 10.0)
 
 
 def test_summarize_throughput_counts_only_answers_within_the_window():
@@ -75,7 +75,8 @@ def test_summarize_throughput_counts_only_answers_within_the_window():
     summary = gate.summarize(
         records, scenario="text_embedding", protocol="grpc", warmup_s=0.0, stop_s=5.0
     )
-    assert summary.requests == 50
+    assert summary.requests == 25
+    assert summary.excluded_after_stop == 25  # still in flight at the stop
     assert summary.throughput_rps == pytest.approx(25 / 5.0)
 
 
@@ -131,7 +132,7 @@ def test_violations_fail_when_no_request_was_measured():
         [_record(0.5, 1.0)], scenario="text_embedding", protocol="grpc", warmup_s=1.0, stop_s=5.0
     )
     assert gate.violations(summary, gate.Targets(1e9, 1.0, 0.0)) == [
-        "no request was sent in the 4 s after the warm-up"
+        "no request completed in the 4 s after the warm-up"
     ]
 
 
@@ -249,3 +250,20 @@ def test_parse_statistics_accepts_grpc_json_where_counters_are_strings():
     grpc_form = {"model_stats": [_stats("m", 10, 5, 10, 1000, 2000, {2: 5}, as_strings=True)]}
     http_form = {"model_stats": [_stats("m", 10, 5, 10, 1000, 2000, {2: 5})]}
     assert triton_stats.parse_statistics(grpc_form) == triton_stats.parse_statistics(http_form)
+
+
+def test_gate_fails_on_a_backlog_in_flight_at_the_stop_even_when_completed_requests_are_fast():
+    record = gate.RequestRecord
+    records = [record("text_embedding", "http", "text_embedding", 1.0 + i * 0.01, 10.0, True)
+               for i in range(90)]
+    records += [record("text_embedding", "http", "text_embedding", 4.0, 9000.0, True)
+                for _ in range(10)]
+    summary = gate.summarize(records, scenario="text_embedding", protocol="http", warmup_s=0.0,
+                             stop_s=10.0)
+
+    missed = gate.violations(summary, gate.Targets(p99_ms=250.0, max_error_ratio=0.01,
+                                                   min_throughput_rps=1.0))
+
+    assert summary.latency_ms["p99_ms"] == 10.0
+    assert summary.in_flight_at_stop == 10
+    assert missed and missed[0].startswith("backlog: 10 request(s) still in flight at the stop")

@@ -8,12 +8,13 @@ Run on a GPU host: ``scripts/gpu-check.sh`` (or ``python -m tools.gpu_check``).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from tools import stats
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,6 +28,21 @@ def _time_runner(run, inputs: dict[str, np.ndarray], iterations: int, warmup: in
         run(inputs)
         times.append(time.perf_counter() - start)
     return times
+
+
+def timing_row(engine: str, batch: int, times_s: list[float]) -> tuple[str, ...]:
+    """One row of the latency table: P50 and P99 (``tools.stats``) and sequences/s at the P50.
+
+    Args:
+        engine: Engine label.
+        batch: Sequences per call.
+        times_s: Seconds of each timed call.
+    """
+    latency = stats.latency_summary(t * 1e3 for t in times_s)
+    if latency is None:
+        raise ValueError(f"{engine} batch {batch}: no timed call")
+    return (engine, str(batch), f"{latency.p50_ms:.2f}", f"{latency.p99_ms:.2f}",
+            f"{batch / (latency.p50_ms / 1e3):.0f}")
 
 
 def _ort_cuda_runner(onnx_path: Path):
@@ -118,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     for batch in (int(b) for b in args.batches.split(",")):
         feed = {k: v.numpy() for k, v in sample_fn(batch, {**axes, **{a.name: args.sequence for a in spec.axes}}).items()}
         for engine, run in runners.items():
-            times = sorted(_time_runner(run, feed, args.iterations))
-            p50 = statistics.median(times)
-            p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-            timing.add_row(engine, str(batch), f"{p50 * 1e3:.2f}", f"{p99 * 1e3:.2f}", f"{batch / p50:.0f}")
+            timing.add_row(*timing_row(engine, batch, _time_runner(run, feed, args.iterations)))
     console.print(timing)
     return 1 if failed else 0
 

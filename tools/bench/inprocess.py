@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from tools import stats
 from tools.errors import InferenceError, UserInputError
-from tools.loadtest.gate import percentile
 
 TOKENIZER_MODEL = "text_tokenizer"
 ENCODER_MODEL = "minilm_encoder"
@@ -175,7 +175,8 @@ def measure(
 ) -> LimitResult:
     """Encode all ``texts`` in consecutive batches (at least one pass, at least ``min_seconds``).
 
-    One untimed batch warms the session up first.
+    One untimed batch warms the session up first. P50/P99 are ``tools.stats``' percentiles of
+    the per-batch latencies.
     """
     encoder.encode(texts[:batch_size], chunked=chunked)
     latencies, done = [], 0
@@ -190,7 +191,7 @@ def measure(
         if time.perf_counter() - start >= min_seconds:
             break
     seconds = time.perf_counter() - start
-    latencies.sort()
+    latency = stats.latency_summary(latencies)
     variant = "in-process, length chunks" if chunked else "in-process, pad to longest"
     return LimitResult(
         variant=variant,
@@ -198,6 +199,6 @@ def measure(
         texts=done,
         seconds=seconds,
         throughput=done / seconds,
-        p50_ms=percentile(latencies, 50),
-        p99_ms=percentile(latencies, 99),
+        p50_ms=latency.p50_ms,
+        p99_ms=latency.p99_ms,
     )

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tools import stats
 from tools.loadtest import triton_stats
-from tools.loadtest.gate import percentile
 
 MODEL = "text_embedding"
 ENCODER = "minilm_encoder"
@@ -25,7 +25,11 @@ ENCODER = "minilm_encoder"
 
 @dataclass
 class ServedResult:
-    """One point of the sweep: protocol and concurrency, throughput and latency."""
+    """One point of the sweep: protocol and concurrency, throughput and latency.
+
+    Figures follow ``tools.stats``: requests (successful) and errors are those that started after
+    the warm-up and completed inside the measured window; throughput is requests / ``seconds``.
+    """
 
     protocol: str
     concurrency: int
@@ -75,8 +79,7 @@ async def _sweep_point(
         item.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
         inputs.append([item])
     order = itertools.cycle(range(len(inputs)))
-    latencies: list[float] = []
-    errors: list[str] = []  # one-line message of every failed request
+    records: list[stats.Record] = []  # every request, warm-up included; start_s from ``start``
     start = time.perf_counter()
     window_start, window_end = start + warmup_s, start + warmup_s + duration_s
     snapshots: dict[str, Any] = {}
@@ -95,11 +98,8 @@ async def _sweep_point(
                 error = ""
             except Exception as exc:  # noqa: BLE001 - counted; the first one is reported
                 error = " ".join(str(exc).split())[:200] or type(exc).__name__
-            if t0 >= window_start:
-                if error:
-                    errors.append(error)
-                else:
-                    latencies.append((time.perf_counter() - t0) * 1000.0)
+            latency_ms = (time.perf_counter() - t0) * 1000.0
+            records.append(stats.Record(t0 - start, latency_ms, not error, error))
 
     try:
         before = asyncio.create_task(snapshot_at(window_start, "before"))
@@ -110,21 +110,38 @@ async def _sweep_point(
         )
     finally:
         await client.close()
-    latencies.sort()
     encoder = triton_stats.window(snapshots["before"], snapshots["after"]).get(ENCODER)
+    measured = stats.Window(warmup_s, warmup_s + duration_s)
+    return served_result(protocol, concurrency, records, measured, encoder)
+
+
+def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed],
+                  window: stats.Window, encoder: triton_stats.ModelWindow | None = None
+                  ) -> ServedResult:
+    """One sweep point's figures from its raw records (``tools.stats``' window rule).
+
+    Args:
+        protocol: ``grpc`` or ``http``.
+        concurrency: Requests kept in flight.
+        records: Every request of the point, warm-up included, on the window's clock.
+        window: The measured window.
+        encoder: Triton's view of the encoder over the window, if known.
+    """
+    summary = stats.summarize(records, window)
+    latency = summary.latency
     return ServedResult(
         protocol=protocol,
         concurrency=concurrency,
-        requests=len(latencies),
-        errors=len(errors),
-        seconds=duration_s,
-        throughput=len(latencies) / duration_s,
-        p50_ms=percentile(latencies, 50) if latencies else None,
-        p99_ms=percentile(latencies, 99) if latencies else None,
+        requests=summary.ok,
+        errors=summary.errors,
+        seconds=window.length_s,
+        throughput=summary.throughput_rps,
+        p50_ms=latency.p50_ms if latency else None,
+        p99_ms=latency.p99_ms if latency else None,
         encoder_mean_batch=encoder.mean_batch if encoder else None,
         encoder_queue_ms=encoder.queue_ms if encoder else None,
         encoder_compute_ms=encoder.compute_ms if encoder else None,
-        first_error=errors[0] if errors else "",
+        first_error=summary.first_error,
     )
 
 
