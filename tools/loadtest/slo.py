@@ -6,39 +6,114 @@ protocol, a P99 target, a maximum error ratio and a minimum throughput.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
 import yaml
+from pydantic import Field, TypeAdapter, model_validator
 
 from tools.errors import UserInputError
 from tools.loadtest.gate import Targets
+from tools.typed_yaml import (
+    InvalidFile,
+    Omittable,
+    PositiveInt,
+    Problem,
+    dotted,
+    fail,
+    strict,
+    validate,
+)
 
 PROTOCOLS = ("http", "grpc")
 DEFAULT_SLO_FILE = Path(__file__).resolve().parents[2] / "loadtests" / "slo.yaml"
-_TARGET_FIELDS = {"p99_ms", "max_error_ratio", "min_throughput_rps"}
-_LOAD_FIELDS = {"users", "rate", "duration_s", "warmup_s"}
 
 
-@dataclass(frozen=True)
+@strict
 class Load:
-    """How a scenario is loaded when its SLO is checked.
+    """How a scenario is loaded when its SLO is checked (``users`` or ``rate`` is None)."""
 
-    Attributes:
-        users: Closed-loop concurrent users (each waits for its response), or None.
-        rate: Open-loop arrival rate in requests per second, or None.
-        duration_s: Measured seconds after the warm-up.
-        warmup_s: Seconds excluded at the start.
-    """
+    users: Omittable[PositiveInt] = Field(
+        None,
+        description="Closed loop: concurrent users, each sends, waits for the answer, sends "
+        "again. Give exactly one of `users` and `rate`.",
+    )
+    rate: Omittable[Annotated[float, Field(ge=0.001)]] = Field(
+        None,
+        description="Open loop: arrival rate in requests per second. Give exactly one of `users` "
+        "and `rate`.",
+    )
+    duration_s: float = Field(
+        30.0,
+        ge=1,
+        description="Default measured seconds after the warm-up (`tools loadtest --duration`).",
+    )
+    warmup_s: float = Field(
+        5.0, ge=0, description="Default seconds excluded at the start (`tools loadtest --warmup`)."
+    )
 
-    users: int | None
-    rate: float | None
-    duration_s: float
-    warmup_s: float
+    @model_validator(mode="after")
+    def _one_kind(self) -> Load:
+        if (self.users is None) == (self.rate is None):
+            given = "both" if self.users is not None else "neither"
+            raise fail("load_kind", f"must give exactly one of users or rate, got {given}")
+        return self
 
 
-@dataclass(frozen=True)
+@strict
+class ProtocolTargets:
+    """The targets of one scenario over one protocol, judged over the measured window."""
+
+    p99_ms: float = Field(
+        gt=0,
+        description="Exact P99 latency (nearest rank over every successful request sent after "
+        "the warm-up; no Locust rounding) must be ≤ this, in milliseconds.",
+    )
+    max_error_ratio: float = Field(
+        ge=0, le=1, description="Failed / sent in the window must be ≤ this."
+    )
+    min_throughput_rps: float = Field(
+        ge=0,
+        description="Successful answers per second in the window must be ≥ this (in open loop "
+        "the target is capped at 95% of the offered rate).",
+    )
+
+
+@strict
+class ScenarioTargets:
+    """One scenario in one profile: its load and its targets per protocol."""
+
+    load: Load = Field(description="The load the targets hold at.")
+    http: ProtocolTargets = Field(description="Targets over tritonclient HTTP.")
+    grpc: ProtocolTargets = Field(description="Targets over tritonclient gRPC.")
+
+
+@strict
+class Profile:
+    """The targets of every scenario on one kind of deployment."""
+
+    scenarios: dict[Annotated[str, Field(title="scenario")], ScenarioTargets] = Field(
+        description="Scenarios by name (the locustfile's scenario names)."
+    )
+    description: str = Field(
+        "", description="What was measured, where, or that the numbers are estimates."
+    )
+
+
+@strict
+class SLOYaml:
+    """loadtests/slo.yaml: service-level objectives of the load-test scenarios, per profile."""
+
+    profiles: dict[Annotated[str, Field(title="profile")], Profile] = Field(
+        description="Profiles by name (`tools loadtest --slo-profile`), e.g. `cpu` and `gpu`."
+    )
+
+
+SLO_YAML = TypeAdapter(SLOYaml)
+
+
+@dataclasses.dataclass(frozen=True)
 class ScenarioSLO:
     """The load and the per-protocol targets of one scenario in one profile."""
 
@@ -48,16 +123,12 @@ class ScenarioSLO:
     targets: dict[str, Targets]
 
 
-def _number(value: Any, where: str, *, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise UserInputError(f"{where} must be a number >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise UserInputError(f"{where} must be a mapping, got {type(value).__name__}")
-    return value
+def problem_line(path: Path, problem: Problem) -> str:
+    """``<file>: <field path> <problem>``, or ``<file>: <mapping>: missing <key>``."""
+    if problem.kind == "missing":
+        return f"{path}: {dotted(problem.loc[:-1]) or '(top level)'}: missing {problem.loc[-1]}"
+    where = dotted(problem.loc)
+    return f"{path}: {where} {problem.text}" if where else f"{path}: {problem.text}"
 
 
 def load_slo(path: Path, profile: str, scenario: str) -> ScenarioSLO:
@@ -69,8 +140,8 @@ def load_slo(path: Path, profile: str, scenario: str) -> ScenarioSLO:
         scenario: Scenario name, e.g. ``text_embedding``.
 
     Raises:
-        UserInputError: the file is missing or malformed, or lacks the profile or scenario;
-            the message names the file and the field.
+        UserInputError: the file is missing or malformed (every problem of the file, one line
+            each, naming the file and the field), or lacks the profile or scenario.
     """
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -78,56 +149,22 @@ def load_slo(path: Path, profile: str, scenario: str) -> ScenarioSLO:
         raise UserInputError(f"SLO file {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise UserInputError(f"SLO file {path} is not valid YAML: {exc}") from exc
-    profiles = _mapping(_mapping(data, f"{path}").get("profiles"), f"{path}: profiles")
-    if profile not in profiles:
-        raise UserInputError(
-            f"{path}: no profile {profile!r} (has: {', '.join(sorted(profiles))})"
-        )
-    scenarios = _mapping(
-        _mapping(profiles[profile], f"{path}: profiles.{profile}").get("scenarios"),
-        f"{path}: profiles.{profile}.scenarios",
-    )
+    try:
+        file = validate(SLO_YAML, data)
+    except InvalidFile as exc:
+        raise UserInputError("\n".join(problem_line(path, p) for p in exc.problems)) from None
+    if profile not in file.profiles:
+        have = ", ".join(sorted(file.profiles)) or "none"
+        raise UserInputError(f"{path}: no profile {profile!r} (has: {have})")
+    scenarios = file.profiles[profile].scenarios
     if scenario not in scenarios:
         raise UserInputError(
             f"{path}: profile {profile!r} has no scenario {scenario!r}"
-            f" (has: {', '.join(sorted(scenarios))})"
+            f" (has: {', '.join(sorted(scenarios)) or 'none'})"
         )
-    where = f"{path}: profiles.{profile}.scenarios.{scenario}"
-    entry = _mapping(scenarios[scenario], where)
-    load_raw = _mapping(entry.get("load"), f"{where}.load")
-    unknown = set(load_raw) - _LOAD_FIELDS
-    if unknown:
-        raise UserInputError(f"{where}.load: unknown field(s) {', '.join(sorted(unknown))}")
-    users = load_raw.get("users")
-    rate = load_raw.get("rate")
-    if (users is None) == (rate is None):
-        raise UserInputError(f"{where}.load: give exactly one of users or rate")
-    load = Load(
-        users=int(_number(users, f"{where}.load.users", minimum=1)) if users is not None else None,
-        rate=_number(rate, f"{where}.load.rate", minimum=0.001) if rate is not None else None,
-        duration_s=_number(load_raw.get("duration_s", 30), f"{where}.load.duration_s", minimum=1),
-        warmup_s=_number(load_raw.get("warmup_s", 5), f"{where}.load.warmup_s"),
-    )
+    entry = scenarios[scenario]
     targets = {}
     for protocol in PROTOCOLS:
-        raw = _mapping(entry.get(protocol), f"{where}.{protocol}")
-        missing = _TARGET_FIELDS - set(raw)
-        extra = set(raw) - _TARGET_FIELDS
-        if missing or extra:
-            detail = []
-            if missing:
-                detail.append(f"missing {', '.join(sorted(missing))}")
-            if extra:
-                detail.append(f"unknown {', '.join(sorted(extra))}")
-            raise UserInputError(f"{where}.{protocol}: {'; '.join(detail)}")
-        ratio = _number(raw["max_error_ratio"], f"{where}.{protocol}.max_error_ratio")
-        if ratio > 1:
-            raise UserInputError(f"{where}.{protocol}.max_error_ratio must be <= 1, got {ratio}")
-        targets[protocol] = Targets(
-            p99_ms=_number(raw["p99_ms"], f"{where}.{protocol}.p99_ms", minimum=1e-9),
-            max_error_ratio=ratio,
-            min_throughput_rps=_number(
-                raw["min_throughput_rps"], f"{where}.{protocol}.min_throughput_rps"
-            ),
-        )
-    return ScenarioSLO(scenario=scenario, profile=profile, load=load, targets=targets)
+        t: ProtocolTargets = getattr(entry, protocol)
+        targets[protocol] = Targets(t.p99_ms, t.max_error_ratio, t.min_throughput_rps)
+    return ScenarioSLO(scenario=scenario, profile=profile, load=entry.load, targets=targets)

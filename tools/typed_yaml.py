@@ -1,0 +1,327 @@
+"""Strict, typed reading of the project's YAML files (pydantic), and their JSON Schemas.
+
+Validation collects every problem of a file as a ``Problem``; each file's module words the lines.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import json
+import re
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, NoDefault
+from pydantic_core import PydanticCustomError, core_schema
+
+T = TypeVar("T")
+
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+# Strict types (no "1" for 1, no true for 1) and no key the model does not declare. Files are
+# validated as the JSON they load to, which is what the exported JSON Schema describes.
+CONFIG = ConfigDict(strict=True, extra="forbid")
+
+
+def strict(cls: type[T]) -> type[T]:
+    """Make ``cls`` a frozen pydantic dataclass that rejects unknown keys and loose types.
+
+    A pydantic dataclass is a real dataclass: ``dataclasses.asdict`` works on it.
+    """
+    return pydantic_dataclass(frozen=True, config=CONFIG)(cls)
+
+
+def fail(kind: str, text: str) -> PydanticCustomError:
+    """A pydantic error whose message is ``text`` as written (no template placeholders)."""
+    return PydanticCustomError(kind, "{text}", {"text": text})
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise fail("not_null", "must not be null: leave the key out instead")
+    return value
+
+
+# A key that may be left out (the field is then None) but not written as `null`: defaults are
+# not validated, so the check runs only on a value the file gives. The schema omits the null.
+Omittable = Annotated[T | None, AfterValidator(_not_null)]
+
+Identifier = Annotated[str, Field(pattern=NAME_PATTERN)]
+Reference = Annotated[str, Field(pattern=REFERENCE_PATTERN)]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+def _number(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail("number_type", f"must be a number, got {show(value)}")
+    return value
+
+
+# An integer stays an integer (it may be rendered into a config), a float stays a float.
+Number = Annotated[int | float, PlainValidator(_number, json_schema_input_type=float)]
+
+
+def non_empty(items: tuple[T, ...]) -> tuple[T, ...]:
+    """An ``AfterValidator`` for a list that must not be empty.
+
+    Not ``Field(min_length=1)``: pydantic also reports that one when an item is invalid.
+    """
+    if not items:
+        raise fail("empty", "must not be empty")
+    return items
+
+
+# --------------------------------------------------------------------------- problems
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a file.
+
+    Attributes:
+        loc: Keys and list indices from the top of the file to the field; ``"[key]"`` last when
+            the mapping key itself is wrong.
+        text: What is wrong, e.g. ``must be an integer, got 'sixteen'``.
+        kind: ``missing`` (a required key), ``unknown`` (a key no model declares) or ``invalid``.
+    """
+
+    loc: tuple[str | int, ...]
+    text: str
+    kind: str = "invalid"
+
+
+class InvalidFile(Exception):
+    """Raised by ``validate`` with every problem of the file; callers word them per file."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(f"{len(problems)} problem(s)")
+        self.problems = problems
+
+
+class Rules:
+    """Cross-field problems of one object, raised together from a pydantic validator.
+
+    Pydantic keeps one error per validator; this one carries every problem (each with its own
+    location below the validated object), and ``validate`` unpacks them into ``Problem``\\ s.
+    """
+
+    def __init__(self) -> None:
+        self._problems: list[tuple[tuple[str | int, ...], str]] = []
+
+    def add(self, loc: tuple[str | int, ...], text: str) -> None:
+        """Record that the field at ``loc`` (relative to the validated object) has a problem."""
+        self._problems.append((loc, text))
+
+    def raise_any(self) -> None:
+        """Raise the recorded problems, if any, as one pydantic error."""
+        if self._problems:
+            context = {"count": len(self._problems), "problems": tuple(self._problems)}
+            raise PydanticCustomError("rules", "{count} problem(s)", context)
+
+
+def show(value: Any) -> str:
+    """A short ``repr`` of an input value for a message."""
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def unknown_key(key: str, known: list[str] | tuple[str, ...], what: str = "a known field") -> str:
+    """``is not a known field; did you mean 'x'?`` (or the allowed keys when none is close)."""
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (allowed: {sorted(known)})"
+    return f"is not {what}{hint}"
+
+
+def dotted(loc: tuple[str | int, ...]) -> str:
+    """``('outputs', 0, 'dtype')`` as ``outputs[0].dtype`` (the ``[key]`` marker dropped)."""
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# YAML 1.1 (PyYAML) reads a float with an exponent only with a dot and a signed exponent.
+_YAML_EXPONENT = re.compile(r"^([-+]?\d+)(\.\d*)?[eE]([-+]?)(\d+)$")
+_PATTERN_NAMES = {
+    NAME_PATTERN: "an identifier",
+    REFERENCE_PATTERN: "a reference 'package.module:function'",
+}
+
+
+def _text(error: dict[str, Any]) -> str:
+    """The wording of one pydantic error."""
+    kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
+    got = f", got {show(value)}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "must be an integer" + got
+    if kind in ("float_type", "float_parsing"):
+        exponent = _YAML_EXPONENT.match(value) if isinstance(value, str) else None
+        if exponent:
+            mantissa, fraction, sign, power = exponent.groups()
+            fraction = fraction if fraction and len(fraction) > 1 else ".0"
+            return (f"must be a number, got the string {value!r} (YAML needs a dot and a signed "
+                    f"exponent: write {mantissa}{fraction}e{sign or '+'}{power})")
+        return "must be a number" + got
+    simple = {
+        "string_type": "must be a string",
+        "bool_type": "must be true or false",
+        "list_type": "must be a list",
+        "tuple_type": "must be a list",
+        "dict_type": "must be a mapping",
+        "dataclass_type": "must be a mapping",
+        "dataclass_exact_type": "must be a mapping",
+        "model_type": "must be a mapping",
+    }
+    if kind in simple:
+        return simple[kind] + got
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}{got}"
+    if kind == "greater_than":
+        return ("must be positive" if ctx["gt"] == 0 else f"must be > {ctx['gt']}") + got
+    if kind == "greater_than_equal":
+        return ("must be zero or positive" if ctx["ge"] == 0 else f"must be >= {ctx['ge']}") + got
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}{got}"
+    if kind == "less_than":
+        return f"must be < {ctx['lt']}{got}"
+    if kind == "string_pattern_mismatch":
+        return f"must be {_PATTERN_NAMES.get(ctx['pattern'], 'match ' + ctx['pattern'])}{got}"
+    return error["msg"]  # the project's own errors are already worded
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(adapter: TypeAdapter[T], data: Any) -> T:
+    """Validate a loaded YAML document strictly, collecting every problem.
+
+    Args:
+        adapter: The ``TypeAdapter`` of the file's top-level type.
+        data: What ``yaml.safe_load`` returned.
+
+    Raises:
+        InvalidFile: with one ``Problem`` per thing wrong (all of them, not the first).
+    """
+    problems = _not_json(data, ())
+    if problems:
+        raise InvalidFile(problems)
+    try:
+        return adapter.validate_json(json.dumps(data))
+    except ValidationError as exc:
+        raise InvalidFile(_problems(exc, adapter)) from None
+
+
+def _not_json(value: Any, loc: tuple[str | int, ...]) -> list[Problem]:
+    """Keys and values YAML produced that JSON (and so the schema) cannot hold."""
+    if isinstance(value, dict):
+        problems = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                text = f"must be a string key, got {key!r} (quote it in the YAML)"
+                problems.append(Problem((*loc, str(key), "[key]"), text))
+            problems += _not_json(item, (*loc, str(key)))
+        return problems
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in _not_json(item, (*loc, i))]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return []
+    kind = type(value).__name__
+    return [Problem(loc, f"is a YAML {kind} ({value!s}); quote it to make it a string")]
+
+
+def _problems(exc: ValidationError, adapter: TypeAdapter[Any]) -> list[Problem]:
+    problems = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        if error["type"] == "rules":
+            problems += [Problem((*loc, *sub), text) for sub, text in error["ctx"]["problems"]]
+        elif error["type"] in ("missing", "missing_argument"):
+            problems.append(Problem(loc, "is required", "missing"))
+        elif error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            known = known_keys(_schema(adapter), loc[:-1])
+            problems.append(Problem(loc, unknown_key(str(loc[-1]), known), "unknown"))
+        else:
+            problems.append(Problem(loc, _text(error)))
+    return problems
+
+
+def known_keys(schema: JsonSchemaValue, loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the schema declares for the mapping at ``loc``."""
+    node = _resolve(schema, schema)
+    for part in loc:
+        if isinstance(part, int):
+            node = node.get("items", {})
+        elif part in node.get("properties", {}):
+            node = node["properties"][part]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        else:
+            return []
+        node = _resolve(node, schema)
+    return list(node.get("properties", {}))
+
+
+def _resolve(node: JsonSchemaValue, root: JsonSchemaValue) -> JsonSchemaValue:
+    while "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+# --------------------------------------------------------------------------- JSON Schema
+
+
+@functools.cache
+def _schema(adapter: TypeAdapter[Any]) -> JsonSchemaValue:
+    return adapter.json_schema(schema_generator=_SchemaGenerator)
+
+
+class _SchemaGenerator(GenerateJsonSchema):
+    """Pydantic's generator, tuned for editors and for the generated docs tables.
+
+    No per-field titles (the key is the title). Defaults from factories shown; ``None`` defaults
+    and ``null`` (an ``Omittable`` key) not. A mapping's key constraints become ``propertyNames``
+    (with the title the docs use as the key's ``<placeholder>``) and its values
+    ``additionalProperties``, so a key that does not match is refused, as the parser does.
+    """
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        if "default_factory" in schema and not schema.get("default_factory_takes_data"):
+            value = schema["default_factory"]()  # type: ignore[call-arg]
+        else:
+            value = schema.get("default", NoDefault)
+        return NoDefault if value is None else value
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])  # `Omittable`: null is refused
+
+    def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
+        keys = dict(self.generate_inner(schema["keys_schema"])) if "keys_schema" in schema else {}
+        values = {}
+        if "values_schema" in schema:
+            values = dict(self.generate_inner(schema["values_schema"]))
+        out: JsonSchemaValue = {"type": "object", "additionalProperties": values or True}
+        keys.pop("type", None)
+        if keys:
+            out["propertyNames"] = keys
+        return out
+
+
+def json_schema(adapter: TypeAdapter[Any], title: str) -> JsonSchemaValue:
+    """The JSON Schema (draft 2020-12) of a file's top-level type, titled with the file's name."""
+    schema = copy.deepcopy(_schema(adapter))
+    head = {"$schema": JSON_SCHEMA_DIALECT, "title": title}
+    return {**head, **{k: v for k, v in schema.items() if k not in head}}
+
