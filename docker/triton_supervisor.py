@@ -2,21 +2,23 @@
 
 Compose restarts a container that exits (restart: unless-stopped) but not one that is merely
 unhealthy, and a dead Python stub leaves Triton up with a broken model: after consecutive failed
-checks (docker/healthcheck.py) this stops the server and exits 1 so the container restarts.
+checks (tools/serve/health.py, as the healthcheck) this stops the server and exits 1 so the
+container restarts.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import healthcheck  # docker/healthcheck.py, next to this file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # /opt/triton-forge in the image
+from tools import process  # noqa: E402
+from tools.errors import UserInputError  # noqa: E402
+from tools.serve import health  # noqa: E402
 
 
 def _log(message: str) -> None:
@@ -24,24 +26,27 @@ def _log(message: str) -> None:
 
 
 def stop(server: subprocess.Popen, timeout_s: float) -> int:
-    """SIGTERM (Triton finishes in-flight requests), then SIGKILL after ``timeout_s``."""
-    server.terminate()
-    try:
-        return server.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        return server.wait()
+    """SIGTERM (Triton finishes in-flight requests), then SIGKILL after ``timeout_s`` for the
+    server and every process it started; returns the server's exit code."""
+    survivors = process.stop(server, timeout_s, group=False)  # the server shares our group
+    if survivors:
+        _log(f"processes {survivors} survived SIGKILL")
+    return server.returncode
 
 
 def supervise(command: list[str], args: argparse.Namespace) -> int:
     """Run ``command`` until it exits, is signalled, or fails ``args.failures`` checks in a row.
 
     Returns:
-        The server's own exit code (128 + N when signal N ended it), or 1 when the watchdog
-        stopped it.
+        The server's own exit code (128 + N when signal N ended it), 1 when the watchdog
+        stopped it, or 2 when the probe file is unusable (the server is not started).
     """
-    probes = json.loads(args.probes.read_text()) if args.probes else {}
-    server = subprocess.Popen(command)
+    try:
+        probes = health.read_probes(args.probes)
+    except UserInputError as exc:
+        _log(str(exc))
+        return 2
+    server = process.start(command, new_session=False, stdin=None)
     stopping = False
 
     def forward(signum: int, _frame: object) -> None:
@@ -60,7 +65,7 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
             pass
         if stopping:
             continue
-        problems = healthcheck.check(args.url, args.repository, probes, args.timeout)
+        problems = health.check_repository(args.url, args.repository, probes, args.timeout).problems
         if not problems:
             if not healthy_once:
                 _log(f"all models of {args.repository} ready; watching every {args.interval:g}s")

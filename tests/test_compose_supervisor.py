@@ -18,14 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.serve.server import (
-    EmbeddedServer,
-    free_ports,
-    process_group_members,
-    resolve_binary,
-    stub_processes,
-    terminate_process_group,
-)
+from tools import process
+from tools.build_repo.manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRTRecord
+from tools.serve.server import EmbeddedServer, free_ports, resolve_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = ROOT / "docker" / "triton-entrypoint.sh"
@@ -38,8 +33,10 @@ def _repository(tmp_path: Path, tensorrt: dict | None) -> Path:
     (repo / "minilm_encoder" / "1").mkdir(parents=True)
     platform = 'platform: "tensorrt_plan"' if tensorrt else 'backend: "onnxruntime"'
     (repo / "minilm_encoder" / "config.pbtxt").write_text(f'name: "minilm_encoder"\n{platform}\n')
-    entry = {"tensorrt": tensorrt} if tensorrt else {}
-    (repo / "build_manifest.json").write_text(json.dumps({"models": {"minilm_encoder": entry}}))
+    record = TensorRTRecord(**tensorrt) if tensorrt else None
+    entry = ModelEntry(kind="pytorch", target="gpu", tensorrt=record)
+    manifest = Manifest(target="gpu", models={"minilm_encoder": entry})
+    (repo / MANIFEST_NAME).write_text(manifest.to_text())
     return repo
 
 
@@ -89,7 +86,7 @@ def test_supervisor_returns_the_servers_exit_status_when_signalled(tmp_path):
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=20)
     finally:
-        terminate_process_group(proc.pid, timeout_s=5)
+        process.stop(proc, grace_s=5)
 
     assert code == 128 + signal.SIGTERM
 
@@ -118,20 +115,23 @@ def test_supervisor_stops_tritonserver_and_exits_1_when_a_python_stub_dies(
             stdout=out, stderr=subprocess.STDOUT, env=embedded.environment(),
             start_new_session=True,
         )
+    regions: set[str] = set()
     try:
         deadline = time.monotonic() + 120
         while "all models" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
-        stubs = stub_processes(proc.pid)
+        stubs = process.stub_processes(proc.pid)
+        regions = process.stub_shm_regions(proc.pid)
         (toy_text,) = [pid for name, pid in stubs.items() if name.startswith("toy_text")]
 
         os.kill(toy_text, signal.SIGKILL)
         code = proc.wait(timeout=90)
         time.sleep(0.5)
-        leftovers = process_group_members(proc.pid)
+        leftovers = [p.pid for p in process.group_members(proc.pid)]
     finally:
-        terminate_process_group(proc.pid, timeout_s=10)
+        process.stop(proc, grace_s=10)
+        process.remove_shm_regions(regions)  # the killed stub's region stays behind
 
     text = log.read_text()
     assert code == 1, text[-3000:]

@@ -7,6 +7,7 @@ backend settings and docker/healthcheck.py are then exercised for real.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,14 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.serve.server import (
-    EmbeddedServer,
-    binary_options,
-    free_ports,
-    resolve_binary,
-    stub_processes,
-    terminate_process_group,
-)
+from tools import process
+from tools.serve.server import LOOPBACK, EmbeddedServer, free_ports, resolve_binary
+from tools.serve.server_config import TritonServerConfig, binary_options
 
 pytestmark = pytest.mark.server
 
@@ -80,37 +76,39 @@ def compose_triton(toy_repository, tmp_path_factory) -> ComposeTriton:
     command = [_interpolate(a, {"TRITON_ADMIN_KEY": ADMIN_KEY})
                for a in compose["services"]["triton"]["command"]]
     assert command[0] == "tritonserver"
+    config = TritonServerConfig.from_args(command[1:])
+    # Mutation guard: these are the values the test replaces with its own.
+    assert (config.model_repository, config.http_port, config.grpc_port,
+            config.metrics_port) == ("/models", 8000, 8001, 8002)
     binary = resolve_binary()
     options = binary_options(binary)
     http, grpc, metrics = free_ports(3)
-    swap = {"--model-repository=/models": f"--model-repository={toy_repository}",
-            "--http-port=8000": f"--http-port={http}", "--grpc-port=8001": f"--grpc-port={grpc}",
-            "--metrics-port=8002": f"--metrics-port={metrics}",
-            # A killed stub makes shutdown wait the whole exit timeout; keep the test short.
-            "--exit-timeout-secs=30": "--exit-timeout-secs=3"}
-    args = [swap.get(a, a) for a in command[1:]]
+    embedded = EmbeddedServer(toy_repository)  # not started: lends its backend dir and env
+    config = dataclasses.replace(
+        config, model_repository=str(toy_repository),
+        backend_directory=str(embedded.backend_directory()),
+        # Loopback only here; in the container Triton listens on all interfaces of its network.
+        http_address=LOOPBACK, http_port=http, grpc_address=LOOPBACK, grpc_port=grpc,
+        metrics_address=LOOPBACK, metrics_port=metrics,
+        # A killed stub makes shutdown wait the whole exit timeout; keep the test short.
+        exit_timeout_secs=3)
+    args = config.to_args()
     skipped = [a for a in args if a.split("=", 1)[0] not in options]
     args = [a for a in args if a not in skipped]
-    # Loopback only here; in the container Triton listens on all interfaces of its network.
-    args += ["--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-             "--metrics-address=127.0.0.1"]
-    embedded = EmbeddedServer(toy_repository)  # not started: lends its backend dir and env
-    args.append(f"--backend-directory={embedded.backend_directory()}")
     log = tmp_path_factory.mktemp("compose-triton") / "tritonserver.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(binary), *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=embedded.environment(), start_new_session=True)
+    proc = process.start([str(binary), *args], env=embedded.environment(), log_path=log)
     url = f"http://127.0.0.1:{http}"
+    regions: set[str] = set()
     try:
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tritonserver with the compose flags did not become ready "
-                            f"(exit {proc.poll()}):\n{log.read_text()[-4000:]}")
-            time.sleep(0.5)
+        outcome = process.wait_ready(proc, lambda: _ready(url), timeout_s=120, interval_s=0.5)
+        if outcome is not process.Readiness.READY:
+            pytest.fail(f"tritonserver with the compose flags did not become ready "
+                        f"(exit {proc.poll()}):\n{log.read_text()[-4000:]}")
+        regions = process.stub_shm_regions(proc.pid)
         yield ComposeTriton(url, proc.pid, toy_repository, args, skipped)
     finally:
-        terminate_process_group(proc.pid, timeout_s=40)
+        process.stop(proc, grace_s=40)
+        process.remove_shm_regions(regions)  # the killed stub's region stays behind
 
 
 def _ready(url: str) -> bool:
@@ -194,7 +192,8 @@ def test_healthcheck_fails_naming_a_model_the_server_does_not_serve(compose_trit
     result = _healthcheck(compose_triton, repository, None, tmp_path)
 
     assert result.returncode == 1
-    assert "model 'ghost_model' not ready: HTTP 400" in result.stderr
+    assert ("model 'ghost_model' not ready: Request for unknown model: 'ghost_model' is not found"
+            in result.stderr)
     assert "toy_text" not in result.stderr
 
 
@@ -205,12 +204,12 @@ def test_healthcheck_fails_when_the_probe_request_is_refused(compose_triton, tmp
     result = _healthcheck(compose_triton, compose_triton.repository, bad, tmp_path)
 
     assert result.returncode == 1
-    assert "model 'toy_text' probe inference failed: HTTP 400" in result.stderr
+    assert "model 'toy_text' failed its probe inference: HTTP 400" in result.stderr
 
 
 def test_healthcheck_fails_when_a_python_stub_died(compose_triton, tmp_path):
     """Runs last in this module: it kills a stub of the shared server."""
-    stubs = stub_processes(compose_triton.pid)
+    stubs = process.stub_processes(compose_triton.pid)
     (instance,) = [name for name in stubs if name.startswith("toy_text")]
 
     os.kill(stubs[instance], signal.SIGKILL)

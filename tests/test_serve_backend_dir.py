@@ -22,7 +22,8 @@ from tools.serve.backend_dir import (
     python_backend_dir,
     pytriton_server_dir,
 )
-from tools.serve.server import LOOPBACK, RESTRICTED_APIS, EmbeddedServer, failure_causes
+from tools.serve.server import LOOPBACK, RESTRICTED_APIS, EmbeddedServer
+from tools.serve.server_log import failure_causes
 
 TOY_REPOSITORY = Path(__file__).parent / "fixtures" / "toy_repository"
 SITE_PACKAGES = Path(sysconfig.get_paths()["purelib"]).resolve()

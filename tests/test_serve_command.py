@@ -5,6 +5,7 @@ The long-running cases start ``tools serve`` as a real subprocess on the toy rep
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -386,3 +387,51 @@ def test_serve_refuses_a_binary_that_cannot_restrict_the_admin_apis(toy_reposito
         " so its admin APIs (model-repository, shared-memory, trace, logging) would be open"
     )
     assert "--allow-open-admin-apis" in error
+
+
+def _probe_file(tmp_path, text: str):
+    probes = tmp_path / "probes.json"
+    probes.write_text(json.dumps({"toy_text": {"inputs": [
+        {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}}))
+    return probes
+
+
+def test_serve_refuses_a_server_whose_probe_answers_with_an_error_in_one_line(
+    toy_repository, tmp_path
+):
+    repo = tmp_path / "repo"
+    shutil.copytree(toy_repository, repo, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+
+    done = subprocess.run(
+        [*TOOLS, "serve", "--repository", str(repo), *FREE_PORTS, "--exit-timeout", "2",
+         "--probes", str(_probe_file(tmp_path, ""))],
+        capture_output=True, check=False, text=True, timeout=120,
+    )
+
+    assert done.returncode == 1
+    assert "tritonserver ready" not in done.stdout
+    (error,) = done.stderr.strip().splitlines()
+    assert error.startswith("Error: model 'toy_text' failed its probe inference: HTTP 400 ")
+    assert "input 'TEXT': empty text" in error and "(server log: " in error
+    assert _processes_mentioning(str(repo)) == []
+
+
+def test_background_start_sends_the_probes_before_recording_the_server(toy_repository, tmp_path):
+    pid_file = tmp_path / "triton.pid"
+    probes = _probe_file(tmp_path, "a probe text")
+
+    started = CliRunner().invoke(
+        cli, ["serve", "--repository", str(toy_repository), *FREE_PORTS, "--background",
+              "--pid-file", str(pid_file), "--exit-timeout", "2", "--probes", str(probes)],
+    )
+    pid = int(pid_file.read_text()) if pid_file.exists() else None
+    try:
+        stopped = CliRunner().invoke(cli, ["serve", "--stop", "--pid-file", str(pid_file)])
+    finally:
+        if pid is not None and _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+    assert started.exit_code == 0, started.output
+    assert re.search(r"^models\s+toy_classify, toy_double, toy_text$", started.output, re.M)
+    assert stopped.exit_code == 0, stopped.output
+    assert not _alive(pid)

@@ -21,14 +21,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tools import process
 from tools.errors import ServerError
+from tools.serve.health import health_check
 from tools.serve.server import (
     ADMIN_HEADER,
     HTTP_MAX_INPUT_SIZE,
     LOOPBACK,
     OPEN_ADMIN_ENV,
     EmbeddedServer,
-    health_check,
 )
 
 pytestmark = pytest.mark.server
@@ -226,11 +227,28 @@ def test_start_raises_naming_pending_models_when_loading_exceeds_the_timeout(
 def test_health_check_answers_ok_for_every_model_when_all_stubs_run(server_factory, toy_repository):
     server = server_factory(toy_repository)
 
-    results = health_check(server)
+    report = health_check(server)
 
-    assert set(results) == set(server.models)
-    # toy_text accepts the probe text; a rejected probe would still prove the stub alive
-    assert results["toy_text"] == "ok"
+    assert [m.model for m in report.models] == server.models
+    assert all(m.alive and m.probed for m in report.models)
+    assert report.healthy and report.problems == []
+
+
+def test_health_check_fails_a_model_that_answers_its_probe_with_an_error(
+    server_factory, toy_repository
+):
+    """One definition of alive: an error answer to the probe is a failure, not a sign of life."""
+    server = server_factory(toy_repository)
+    empty_text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
+
+    with pytest.raises(ServerError) as info:
+        health_check(server, probes={"toy_text": empty_text})
+
+    message = str(info.value)
+    assert "model 'toy_text' failed its probe inference: HTTP 400" in message
+    assert "input 'TEXT': empty text" in message
+    assert "toy_double" not in message and "toy_classify" not in message
+    assert f"(server log: {server.log_path})" in message
 
 
 def test_health_check_fails_naming_the_model_whose_stub_died_while_readiness_stays_200(
@@ -245,7 +263,7 @@ def test_health_check_fails_naming_the_model_whose_stub_died_while_readiness_sta
     with pytest.raises(ServerError) as info:
         health_check(server)
 
-    assert "model 'toy_text' failed an inference" in str(info.value)
+    assert "model 'toy_text' failed its probe inference" in str(info.value)
     assert "toy_double" not in str(info.value)
 
 
@@ -354,3 +372,64 @@ def test_command_omits_the_input_size_bound_when_the_binary_lacks_the_option(
     assert not any(arg.startswith("--http-max-input-size") for arg in cmd)
     assert any(arg.startswith("--http-restricted-api=") for arg in cmd)
     assert any(arg.startswith("--grpc-restricted-protocol=") for arg in cmd)
+
+
+def test_watch_returns_naming_the_instance_whose_python_stub_died(server_factory, toy_repository):
+    server = server_factory(toy_repository, exit_timeout_s=2)
+    stubs = server.stub_processes()
+    os.kill(stubs["toy_text_0_0"], signal.SIGKILL)
+
+    reason = server.watch(stubs, interval_s=0.05)
+
+    assert reason.startswith("Python stub of model instance toy_text_0_0 died")
+    assert server.poll() is None  # Triton itself keeps running: the caller restarts it
+
+
+def test_watch_returns_after_consecutive_probe_failures_naming_the_model(
+    server_factory, toy_repository
+):
+    server = server_factory(toy_repository)
+    empty_text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
+
+    reason = server.watch(
+        server.stub_processes(), interval_s=0.05, probes={"toy_text": empty_text},
+        probe_interval_s=0.1, probe_failures=2,
+    )
+
+    assert reason.startswith(
+        "2 health checks in a row failed: model 'toy_text' failed its probe inference: HTTP 400"
+    )
+
+
+def test_watch_raises_when_tritonserver_itself_exits(server_factory, toy_repository):
+    server = server_factory(toy_repository, exit_timeout_s=2)
+    os.kill(server.pid, signal.SIGKILL)
+
+    with pytest.raises(ServerError, match=r"tritonserver exited unexpectedly \(exit code -9\)"):
+        server.watch(server.stub_processes(), interval_s=0.05)
+
+
+def _shm_left(regions: set[str]) -> list[str]:
+    return sorted(name for name in regions if (Path("/dev/shm") / name).exists())
+
+
+def test_stop_removes_the_shared_memory_a_killed_stub_left_behind(server_factory, toy_repository):
+    server = server_factory(toy_repository, exit_timeout_s=2)
+    regions = process.stub_shm_regions(server.pid)
+    assert len(regions) == len(server.models) and _shm_left(regions) == sorted(regions)
+    os.kill(server.stub_processes()["toy_text_0_0"], signal.SIGKILL)
+
+    server.stop()
+
+    assert _shm_left(regions) == []
+
+
+def test_stop_removes_the_shared_memory_of_a_server_that_was_killed(server_factory, toy_repository):
+    server = server_factory(toy_repository, exit_timeout_s=2)
+    regions, stubs = process.stub_shm_regions(server.pid), server.stub_processes()
+    os.kill(server.pid, signal.SIGKILL)
+
+    server.stop()
+
+    assert regions and _shm_left(regions) == []
+    assert stubs and [pid for pid in stubs.values() if _alive(pid)] == []

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools import process
 from tools.errors import LoadTestError
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
 STARTUP_ALLOWANCE_S = 60.0  # importing locust/tritonclient and connecting, on a busy machine
 EXIT_ALLOWANCE_S = 30.0  # the gate, reports, and the in-process exit watchdog
+_TERM_WAIT_S = 5.0  # Locust's own shutdown after SIGTERM
 _PROGRESS = re.compile(r"^progress (?P<fields>(?:\w+=\S+ ?)+)$")
 
 
@@ -133,24 +135,14 @@ def parse_progress(line: str) -> dict[str, str] | None:
 
 
 def _kill_group(proc: subprocess.Popen, log: Any, *, dump_stacks: bool = True) -> None:
-    """SIGUSR1 (stack dump, optional), SIGTERM, then SIGKILL to the child's process group; each
-    step waits for the child, and SIGKILL goes to the group even when the child is gone, so no
-    worker or grandchild survives it."""
-    steps = [(signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)]
-    if dump_stacks:
-        steps.insert(0, (signal.SIGUSR1, 1.0))
-    for sig, wait_s in steps:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            if sig == signal.SIGKILL:
-                return
-        except subprocess.TimeoutExpired:
-            continue
-    log.write(f"process group {proc.pid} did not die after SIGKILL\n")
+    """SIGUSR1 (stack dump, optional), SIGTERM, then SIGKILL to the child's process group and
+    any descendant that left it; each step waits for the child, and SIGKILL goes to the group
+    even when the child is gone, so no worker or grandchild survives it."""
+    survivors = process.stop(
+        proc, _TERM_WAIT_S, first_signal=(signal.SIGUSR1, 1.0) if dump_stacks else None
+    )
+    if survivors:
+        log.write(f"process group {proc.pid} did not die after SIGKILL: {survivors}\n")
 
 
 def _read_summary(path: Path) -> dict[str, Any]:
@@ -200,16 +192,14 @@ def run_locust(
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         try:
-            proc = subprocess.Popen(
+            proc = process.start(
                 cmd,
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                stdin=subprocess.DEVNULL,
                 text=True,
                 encoding="utf-8",
                 errors="replace",
-                env=env,
-                start_new_session=True,
             )
         except OSError as exc:
             raise LoadTestError(f"cannot start locust ({cmd[0]}): {exc}") from exc
@@ -230,10 +220,7 @@ def run_locust(
                     log.flush()
             except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
                 failure.append(exc)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                process.kill(proc.pid)
 
         reader = threading.Thread(target=pump, daemon=True)
         timed_out = False

@@ -14,8 +14,8 @@ import sysconfig
 from pathlib import Path
 
 from tools.errors import ServerError, UserInputError
+from tools.process import STUB_NAME
 
-STUB_NAME = "triton_python_backend_stub"
 BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 CACHE_ENV = "TRITON_FORGE_CACHE_DIR"
 

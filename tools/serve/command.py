@@ -7,25 +7,28 @@ use ``--background --pid-file F`` to start and ``--stop --pid-file F`` to stop.
 from __future__ import annotations
 
 import signal
-import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
 
+from tools import process
 from tools.errors import ServerError, UserInputError
-from tools.serve.server import (
-    OPEN_ADMIN_ENV,
-    STOP_GRACE_S,
-    EmbeddedServer,
-    command_line,
-    terminate_process_group,
-)
+from tools.serve import health
+from tools.serve.server import OPEN_ADMIN_ENV, STOP_GRACE_S, EmbeddedServer
 
 _WATCH_INTERVAL_S = 1.0
+_PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
+_PROBE_FAILURES = 3
 
 
-class _StopRequested(Exception):
-    """SIGINT or SIGTERM arrived: stop the server and exit cleanly."""
+class _StopRequested(SystemExit):
+    """SIGINT or SIGTERM arrived: stop the server and exit cleanly.
+
+    A SystemExit, because tritonclient's HTTP calls run on gevent: a signal handler that raises
+    while gevent's hub waits is re-raised in the main greenlet only for SystemExit-like errors;
+    any other exception is printed as a traceback by the hub first.
+    """
 
 
 def _describe(server: EmbeddedServer) -> str:
@@ -45,14 +48,18 @@ def _stop_from_pid_file(pid_file: Path, exit_timeout: int) -> None:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError) as exc:
         raise UserInputError(f"pid file {pid_file} does not hold a process id: {exc}") from exc
-    argv = command_line(pid)
+    argv = process.command_line(pid)
     if not argv or not Path(argv[0]).name.startswith("tritonserver"):
         pid_file.unlink(missing_ok=True)
         raise UserInputError(
             f"pid file {pid_file} names pid {pid}, which is not a running tritonserver "
             "(stale file removed)"
         )
-    terminate_process_group(pid, exit_timeout + STOP_GRACE_S)
+    regions = process.stub_shm_regions(pid)
+    survivors = process.stop(pid, exit_timeout + STOP_GRACE_S)
+    if survivors:
+        raise ServerError(f"processes {survivors} of tritonserver group {pid} survived SIGKILL")
+    process.remove_shm_regions(regions)
     pid_file.unlink(missing_ok=True)
     click.echo(f"stopped tritonserver pid {pid}")
 
@@ -79,7 +86,34 @@ def _write_pid_file(pid_file: Path, pid: int) -> None:
     pid_file.write_text(f"{pid}\n", encoding="utf-8")
 
 
-def _start_in_background(server: EmbeddedServer, pid_file: Path, start_timeout: float) -> None:
+def _start(
+    server: EmbeddedServer, start_timeout: float, probes: Mapping[str, health.Request]
+) -> None:
+    """Start the server and, with ``probes``, send them once: a server that fails them is
+    stopped and the failure raised.
+
+    Raises:
+        ServerError: the server did not start, or failed a probe (each model named).
+    """
+    server.start(timeout_s=start_timeout)
+    if not probes:
+        return
+    try:
+        report = server.health(probes)
+    except BaseException:
+        server.stop()
+        raise
+    if not report.healthy:
+        server.stop()
+        raise ServerError("; ".join(report.problems) + f" (server log: {server.log_path})")
+
+
+def _start_in_background(
+    server: EmbeddedServer,
+    pid_file: Path,
+    start_timeout: float,
+    probes: Mapping[str, health.Request],
+) -> None:
     """Start, record the pid, then let the server outlive this process.
 
     The pid file is checked before the start and written before the server is detached: a
@@ -90,7 +124,7 @@ def _start_in_background(server: EmbeddedServer, pid_file: Path, start_timeout: 
     """
     created = _prepare_pid_file(pid_file)
     try:
-        server.start(timeout_s=start_timeout)
+        _start(server, start_timeout, probes)
     except BaseException:
         if created:
             pid_file.unlink(missing_ok=True)
@@ -110,40 +144,33 @@ def _start_in_background(server: EmbeddedServer, pid_file: Path, start_timeout: 
     server.detach()
 
 
-def _watch(server: EmbeddedServer, stubs: set[str]) -> list[str]:
-    """Block until one of ``stubs`` dies (returns them) or the server exits (raises)."""
-    while True:
-        time.sleep(_WATCH_INTERVAL_S)
-        code = server.poll()
-        if code is not None:
-            raise ServerError(
-                f"tritonserver exited unexpectedly (exit code {code}) (server log: {server.log_path})"
-            )
-        dead = sorted(stubs - set(server.stub_processes()))
-        if dead:
-            return dead
-
-
-def _serve_until_signal(server: EmbeddedServer, max_restarts: int, start_timeout: float) -> None:
-    """Announce the server and block while it runs; restart it when a Python stub dies
-    (Triton 2.51 neither restarts a stub nor reports it through readiness)."""
+def _serve_until_signal(
+    server: EmbeddedServer,
+    max_restarts: int,
+    start_timeout: float,
+    probes: Mapping[str, health.Request],
+) -> None:
+    """Announce the server and block while it runs; restart it when a Python stub dies or the
+    probes keep failing (Triton 2.51 neither restarts a stub nor reports it through readiness)."""
     for restart in range(max_restarts + 1):
         # snapshot before announcing, so a death right after the announcement still counts
-        stubs = set(server.stub_processes())
+        stubs = server.stub_processes()
         click.echo(_describe(server))
-        dead = ", ".join(_watch(server, stubs))
+        reason = server.watch(
+            stubs,
+            interval_s=_WATCH_INTERVAL_S,
+            probes=probes,
+            probe_interval_s=_PROBE_INTERVAL_S,
+            probe_failures=_PROBE_FAILURES,
+        )
         if restart == max_restarts:
             raise ServerError(
-                f"Python stub of model instance {dead} died and all {max_restarts} restarts are "
-                f"used up (server log: {server.log_path})"
+                f"{reason}, and all {max_restarts} restarts are used up "
+                f"(server log: {server.log_path})"
             )
-        click.echo(
-            f"Python stub of model instance {dead} died (tritonserver 2.51 neither restarts nor "
-            f"reports it): restarting the server ({restart + 1}/{max_restarts})",
-            err=True,
-        )
+        click.echo(f"{reason}: restarting the server ({restart + 1}/{max_restarts})", err=True)
         server.stop()
-        server.start(timeout_s=start_timeout)
+        _start(server, start_timeout, probes)
 
 
 @click.command("serve")
@@ -226,6 +253,14 @@ def _serve_until_signal(server: EmbeddedServer, max_restarts: int, start_timeout
     help="With --background / --stop: file holding the tritonserver pid.",
 )
 @click.option(
+    "--probes",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="JSON file, model name -> KServe v2 JSON request (as docker/healthcheck_probes.json): "
+    "sent after every start and every 15 s; a model that answers with an error is not alive "
+    "(3 failures in a row restart the server, as a dead stub does).",
+)
+@click.option(
     "--allow-open-admin-apis",
     is_flag=True,
     help=f"Run a tritonserver that cannot restrict its admin APIs (no --http-restricted-api / "
@@ -245,6 +280,7 @@ def serve(
     background: bool,
     stop_: bool,
     pid_file: Path | None,
+    probes: Path | None,
     allow_open_admin_apis: bool,
 ) -> None:
     """Run tritonserver on a model repository, bound to 127.0.0.1.
@@ -253,7 +289,8 @@ def serve(
     `grpc HOST:PORT`, `metrics URL`, `models A, B`) and serves until Ctrl-C or SIGTERM: the
     server then refuses new requests, lets in-flight ones finish within --exit-timeout, and
     exits leaving no tritonserver or Python-stub process behind. Configs are used as written
-    (no auto-completion) and model control is off.
+    (no auto-completion) and model control is off. A Python stub that dies restarts the server
+    (up to --max-restarts); so do --probes that keep failing.
 
     The admin APIs (model repository, shared memory, trace, logging) are closed to callers
     without a per-server key; a binary that cannot close them is refused unless
@@ -277,6 +314,7 @@ def serve(
     if stop_:
         _stop_from_pid_file(pid_file, exit_timeout)
         return
+    requests = health.read_probes(probes)
     server = EmbeddedServer(
         repository,
         http_port=http_port,
@@ -288,7 +326,7 @@ def serve(
         allow_open_admin_apis=allow_open_admin_apis or None,
     )
     if background:
-        _start_in_background(server, pid_file, start_timeout)
+        _start_in_background(server, pid_file, start_timeout, requests)
         click.echo(_describe(server))
         return
 
@@ -300,8 +338,8 @@ def serve(
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.start(timeout_s=start_timeout)
-        _serve_until_signal(server, max_restarts, start_timeout)
+        _start(server, start_timeout, requests)
+        _serve_until_signal(server, max_restarts, start_timeout, requests)
     except _StopRequested as stop:
         click.echo(
             f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True

@@ -1,69 +1,54 @@
 """Run a real tritonserver on a model repository: loopback only, strict configs, clean shutdown.
 
-``EmbeddedServer`` starts the binary in its own session, waits until every model is ready, turns
-the server's own startup errors into one-line causes, and stops it with nothing left behind.
-
-Admin APIs: loading/unloading models, shared memory, tracing and log settings are restricted to
-callers sending a per-server key header (``--http-restricted-api`` /
-``--grpc-restricted-protocol``). A binary that lacks those options is refused (``ServerError``)
-unless the caller opts out with ``allow_open_admin_apis=True`` or ``$TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS=1``.
-The key travels on tritonserver's command line, so any local user who can read
-``/proc/<pid>/cmdline`` can read it (tritonserver 2.51 offers no file or environment variable
-for it): it only keeps casual or accidental callers off the loopback-bound admin APIs of a
-development server, and is no protection against other local users.
-
-Request size: Triton from release 25.x (server 2.5x+) has ``--http-max-input-size``; when the
-binary's ``--help`` lists it, the server is started with the same bound as docker-compose.yml
-(``HTTP_MAX_INPUT_SIZE``, 16 MiB). The 2.51 binary of the nvidia-pytriton wheel lacks the
-option, so with it the embedded server's HTTP input size is bounded only by Triton's own
-built-in default.
+``EmbeddedServer`` starts, watches and stops the process; its flags, log and health live in
+``server_config``, ``server_log`` and ``health``, its processes in ``tools.process``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
-import re
 import secrets
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tritonclient.utils import InferenceServerException
+
+from tools import process
 from tools.errors import ServerError, UserInputError
+from tools.serve import health
 from tools.serve.backend_dir import (
-    STUB_NAME,
     default_binary,
     libpython_dir,
     python_backend_dir,
     pytriton_server_dir,
 )
+from tools.serve.server_config import (
+    ADMIN_HEADER,
+    HTTP_MAX_INPUT_SIZE,
+    LOOPBACK,
+    RESTRICTED_APIS,
+    Restriction,
+    TritonServerConfig,
+    binary_options,
+)
+from tools.serve.server_log import failure_causes, loading_models, log_tail, one_line, ports_in_use
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
     from typing_extensions import Self
 
-LOOPBACK = "127.0.0.1"
 BINARY_ENV = "TRITONSERVER_BINARY"
-# Admin API groups closed to callers without the per-server header (loading models, shared
-# memory regions, tracing and log settings); health, metadata, config, inference and
-# statistics stay open.
-RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
-ADMIN_HEADER = "triton-forge-admin"
 # Set to 1 to run a binary that cannot restrict the admin APIs, leaving them open to any caller.
 OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
-# Same bound as docker-compose.yml's --http-max-input-size; passed only to binaries that have it.
-HTTP_MAX_INPUT_SIZE = 16 * 1024 * 1024
 _GRPC_PREFIX = "triton-grpc-protocol-"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
+_READY_TIMEOUT_S = 2.0
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -82,18 +67,6 @@ def resolve_binary(binary: Path | str | None = None) -> Path:
             f"tritonserver binary {path} (from {source}) is not an executable file"
         )
     return path
-
-
-@functools.lru_cache(maxsize=8)
-def binary_options(binary: Path) -> frozenset[str]:
-    """The ``--options`` a tritonserver binary lists in its ``--help`` (run once per binary)."""
-    try:
-        out = subprocess.run(
-            [str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ServerError(f"cannot run {binary} --help: {exc}") from exc
-    return frozenset(re.findall(r"^\s*(--[a-z0-9-]+)", out.stdout + out.stderr, re.MULTILINE))
 
 
 def port_in_use(port: int, host: str = LOOPBACK) -> bool:
@@ -121,229 +94,32 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-# ---------------------------------------------------------------------------- processes (/proc)
+def stub_environment(
+    base: Mapping[str, str] | None = None, *, libpython: bool = True
+) -> dict[str, str]:
+    """An environment for a server whose Python-backend stubs run this interpreter's packages.
 
+    Args:
+        base: The environment to extend; defaults to this process's.
+        libpython: Also put this interpreter's LIBDIR first on ``LD_LIBRARY_PATH`` (the wheel's
+            stub loads ``libpython3.X.so.1.0``; an installed server's own stub does not).
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgid) of a process, or None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[2])
-
-
-def command_line(pid: int) -> list[str]:
-    """The argv of a process (empty when it is gone or a zombie)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
-
-
-def process_group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            stat = _proc_stat(int(entry.name))
-            if stat is not None and stat[2] == pgid and stat[0] != "Z":
-                members.append(int(entry.name))
-    return members
-
-
-def stub_processes(pgid: int) -> dict[str, int]:
-    """Python-backend stubs of a server's process group: model instance name -> pid."""
-    stubs = {}
-    for pid in process_group_members(pgid):
-        argv = command_line(pid)
-        if argv and argv[0].endswith(STUB_NAME) and len(argv) >= 3:
-            stubs[argv[-2]] = pid  # argv: stub, model.py, shm..., instance name, "DEFAULT"
-    return stubs
-
-
-def _wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    alive = list(pids)
-    while alive:
-        alive = [p for p in alive if (s := _proc_stat(p)) is not None and s[0] != "Z"]
-        if not alive or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return alive
-
-
-def terminate_process_group(pid: int, timeout_s: float) -> None:
-    """Stop a tritonserver that leads its own session and leave no process of it behind.
-
-    SIGTERM makes tritonserver refuse new requests, finish in-flight ones within its
-    ``--exit-timeout-secs`` and stop its stubs. Whatever is still alive after ``timeout_s`` (the
-    server or any stub) gets SIGKILL through the process group.
+    Returns:
+        ``base`` with this virtual environment's ``bin`` first on ``PATH`` (the stub imports
+        packages through the interpreter found there).
 
     Raises:
-        ServerError: processes of the group survived SIGKILL.
+        ServerError: ``libpython`` and this interpreter's library is not in its LIBDIR.
     """
-    pgid = pid
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    _wait_gone([pid], timeout_s)
-    leftover = process_group_members(pgid)
-    if leftover:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        survivors = _wait_gone(leftover, 5)
-        if survivors:
-            raise ServerError(
-                f"processes {survivors} of tritonserver group {pgid} survived SIGKILL"
-            )
-
-
-# ------------------------------------------------------------------------- the server's log
-
-
-def _unquote(message: str) -> str:
-    try:
-        return json.loads(f'"{message}"')
-    except ValueError:
-        return message
-
-
-def _one_line(reason: str) -> str:
-    """First line of a Triton reason, plus the first Python frame if it carries a traceback."""
-    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
-    if not lines:
-        return reason.strip()
-    text = lines[0]
-    if "At:" in lines:
-        frames = lines[lines.index("At:") + 1 :]
-        if frames:
-            text += f" (at {frames[0]})"
-    return text
-
-
-_LOG_LINE = re.compile(r'^([IWE])\d{4} [\d:.]+\s+\d+ [^\]]+\] "(.*)"\s*$')
-_PORT_IN_USE = re.compile(r"failed to start (\w+) service: .*Socket '([^']+)' already in use")
-_MODEL_FAILED = re.compile(r"^failed to load '([^']+)' version (\d+): (.*)", re.DOTALL)
-_POLL_FAILED = re.compile(r"^Poll failed for model directory '([^']+)': (.*)", re.DOTALL)
-_PROTO_ERROR = re.compile(r"Error parsing text-format inference\.ModelConfig: (.*)$")
-_CREATING = re.compile(r"^error: creating server: (.*)$")
-_UNRECOGNIZED = re.compile(r"(unrecognized option '[^']+')")
-_BAD_OPTION = re.compile(r'^Bad option: "([^"]+)"')
-_LOADING = re.compile(r"^loading: (.+):(\d+)$")
-_LOADED = re.compile(r"^(?:successfully loaded|failed to load) '([^']+)'")
-_BENIGN = ("CudaDriverHelper has not been initialized.",)
-
-
-def failure_causes(log_text: str) -> list[str]:
-    """The causes a tritonserver log gives for failing to start, one line each.
-
-    Recognises ports already in use, models that failed to load (with Triton's reason, e.g. the
-    exception raised in ``initialize``) and configs that do not parse; falls back on the
-    server's last error line.
-    """
-    causes: list[str] = []
-    errors: list[str] = []
-    creating = None
-    proto_error = None
-    bad_option = None
-    for raw in log_text.splitlines():
-        if bad_option is not None and raw.strip():
-            causes.append(f"bad option {bad_option}: {raw.strip()}")
-            bad_option = None
-            continue
-        if m := _BAD_OPTION.match(raw):
-            bad_option = m.group(1)
-            continue
-        if m := _UNRECOGNIZED.search(raw):
-            causes.append(m.group(1))
-            continue
-        if m := _PROTO_ERROR.search(raw):
-            proto_error = m.group(1).strip()
-            continue
-        if m := _CREATING.match(raw.strip()):
-            creating = m.group(1).strip()
-            continue
-        m = _LOG_LINE.match(raw)
-        if not m:
-            continue
-        level, message = m.group(1), _unquote(m.group(2))
-        if m2 := _PORT_IN_USE.search(message):
-            service, address = m2.groups()
-            port = address.rsplit(":", 1)[-1]
-            causes.append(
-                f"port {port} ({service}) is already in use on {address.rsplit(':', 1)[0]}"
-            )
-        elif m2 := _MODEL_FAILED.match(message):
-            model, version, reason = m2.groups()
-            causes.append(f"model '{model}' version {version} failed to load: {_one_line(reason)}")
-        elif m2 := _POLL_FAILED.match(message):
-            model, reason = m2.groups()
-            detail = f" ({proto_error})" if proto_error else ""
-            causes.append(f"model '{model}': {_one_line(reason)}{detail}")
-            proto_error = None
-        elif level == "E" and message not in _BENIGN:
-            errors.append(_one_line(message))
-    if not causes and errors:
-        causes.append(errors[-1])
-    if not causes and creating:
-        causes.append(creating)
-    return list(dict.fromkeys(causes))
-
-
-def loading_models(log_text: str) -> list[str]:
-    """Models the log shows as started loading but neither loaded nor failed yet."""
-    pending: dict[str, None] = {}
-    for raw in log_text.splitlines():
-        m = _LOG_LINE.match(raw)
-        if not m:
-            continue
-        message = _unquote(m.group(2))
-        if m2 := _LOADING.match(message):
-            pending[m2.group(1)] = None
-        elif m2 := _LOADED.match(message):
-            pending.pop(m2.group(1), None)
-    return list(pending)
-
-
-def _log_tail(path: Path, lines: int = 1) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
-
-
-# ------------------------------------------------------------------------------- HTTP (stdlib)
-
-
-def _request(
-    url: str,
-    *,
-    method: str = "GET",
-    body: Any = None,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float = 5.0,
-) -> tuple[int, Any]:
-    """One JSON request to the server's HTTP endpoint: (status, decoded body or text)."""
-    data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
-# ---------------------------------------------------------------------------------- the server
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join(
+        p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p
+    )
+    if libpython:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+    return env
 
 
 class EmbeddedServer:
@@ -353,6 +129,17 @@ class EmbeddedServer:
 
         with EmbeddedServer(Path("model_repository")) as server:   # start() on enter
             print(server.http_url, server.grpc_url, server.models)
+
+    Admin APIs (loading models, shared memory, tracing, log settings) answer only callers that
+    send the per-server key in ``admin_headers``. A binary that cannot restrict them is refused
+    unless the caller opts out. The key travels on tritonserver's command line, so any local
+    user who can read ``/proc/<pid>/cmdline`` can read it (tritonserver 2.51 offers no file or
+    environment variable for it): it keeps casual or accidental callers off the loopback-bound
+    admin APIs of a development server, and is no protection against other local users.
+
+    HTTP request size: binaries that have ``--http-max-input-size`` (Triton 25.x+) get the
+    bound of docker-compose.yml (16 MiB); the 2.51 binary of the nvidia-pytriton wheel lacks the
+    option and keeps Triton's built-in default.
 
     Args:
         model_repository: The repository folder (one sub-folder per model).
@@ -368,8 +155,7 @@ class EmbeddedServer:
         allow_open_admin_apis: Run a binary that cannot restrict the admin APIs (no
             ``--http-restricted-api`` / ``--grpc-restricted-protocol``), leaving them open;
             defaults to ``$TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS=1``. Otherwise such a binary is
-            refused. The admin key is visible in the server's ``/proc/<pid>/cmdline`` (see the
-            module docstring).
+            refused.
 
     Attributes:
         model_repository: The repository served.
@@ -404,6 +190,7 @@ class EmbeddedServer:
         self._admin_token = secrets.token_hex(16)
         self._proc: subprocess.Popen | None = None
         self._models: list[str] = []
+        self._shm_regions: set[str] = set()
         self._finalizer: weakref.finalize | None = None
 
     # ---- endpoints and state
@@ -455,18 +242,31 @@ class EmbeddedServer:
 
     def stub_processes(self) -> dict[str, int]:
         """Python-backend stubs of this server: model instance name (``<model>_0_0``) -> pid."""
-        return stub_processes(self.pid) if self.pid is not None else {}
+        return process.stub_processes(self.pid) if self.pid is not None else {}
 
     def repository_index(self) -> list[dict[str, Any]]:
-        """Triton's ``/v2/repository/index``: name, version, state and reason of every model."""
-        status, body = _request(
-            f"http://{self.http_url}/v2/repository/index",
-            method="POST",
+        """Triton's ``/v2/repository/index``: name, version, state and reason of every model.
+
+        Raises:
+            ServerError: the server refused or did not answer.
+        """
+        with health.client(self.http_url, timeout_s=5.0) as triton:
+            try:
+                index = triton.get_model_repository_index(headers=self.admin_headers)
+            except (InferenceServerException, OSError) as exc:
+                raise ServerError(f"repository index of {self.http_url}: {exc}") from exc
+        if not isinstance(index, list):
+            raise ServerError(f"repository index of {self.http_url} is not a list: {index}")
+        return index
+
+    def health(
+        self, probes: Mapping[str, health.Request] | None = None, *, synthetic: bool = False
+    ) -> health.HealthReport:
+        """``health.check`` of this server's models (``probes``: model -> request to send)."""
+        return health.check(
+            self.http_url, self.models, probes=probes, synthetic=synthetic,
             headers=self.admin_headers,
         )
-        if status != 200 or not isinstance(body, list):
-            raise ServerError(f"repository index of {self.http_url} answered {status}: {body}")
-        return body
 
     # ---- command line
 
@@ -483,8 +283,13 @@ class EmbeddedServer:
         """The ``--backend-directory``: an installed server's own, else the project cache one."""
         return self._installed_backends() or python_backend_dir()
 
-    def command(self) -> list[str]:
-        """The tritonserver command line ``start`` runs (choosing free ports if not yet done)."""
+    def config(self) -> TritonServerConfig:
+        """The flags ``start`` runs tritonserver with (choosing free ports if not yet done),
+        adapted to the options the binary lists.
+
+        Raises:
+            ServerError: the binary cannot restrict the admin APIs and the caller did not opt out.
+        """
         self._choose_ports(keep=True)
         binary = self.binary
         options = binary_options(binary)
@@ -492,10 +297,11 @@ class EmbeddedServer:
             (f for f in ("--grpc-restricted-protocol", "--grpc-restricted-api") if f in options),
             None,
         )
+        http_restricted = "--http-restricted-api" in options
         missing = [
             flag
             for flag, present in (
-                ("--http-restricted-api", "--http-restricted-api" in options),
+                ("--http-restricted-api", http_restricted),
                 ("--grpc-restricted-protocol", grpc_flag is not None),
             )
             if not present
@@ -507,48 +313,42 @@ class EmbeddedServer:
                 f"has it, or accept open admin APIs with `tools serve --allow-open-admin-apis` "
                 f"or {OPEN_ADMIN_ENV}=1"
             )
-        cmd = [
-            str(binary),
-            f"--model-repository={self.model_repository.resolve()}",
-            f"--backend-directory={self.backend_directory()}",
-            f"--http-address={LOOPBACK}",
-            f"--http-port={self._port('HTTP')}",
-            f"--grpc-address={LOOPBACK}",
-            f"--grpc-port={self._port('GRPC')}",
-            f"--metrics-address={LOOPBACK}",
-            f"--metrics-port={self._port('Metrics')}",
-            "--model-control-mode=none",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
-            f"--exit-timeout-secs={self.exit_timeout_s}",
-        ]
+        # The key is visible in /proc/<pid>/cmdline: see the class docstring.
+        restriction = Restriction(RESTRICTED_APIS, ADMIN_HEADER, self._admin_token)
         # No config auto-completion: every config.pbtxt must be complete, as built.
-        if "--disable-auto-complete-config" in options:
-            cmd.append("--disable-auto-complete-config")
-        else:
-            cmd.append("--strict-model-config=true")
-        if "--http-max-input-size" in options:  # Triton 25.x+; absent from 2.51
-            cmd.append(f"--http-max-input-size={HTTP_MAX_INPUT_SIZE}")
-        # The key is visible in /proc/<pid>/cmdline: see the module docstring.
-        restriction = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self._admin_token}"
-        if "--http-restricted-api" in options:
-            cmd.append(f"--http-restricted-api={restriction}")
-        if grpc_flag is not None:
-            cmd.append(f"{grpc_flag}={restriction}")
-        return [*cmd, *self.extra_args]
+        switch = "--disable-auto-complete-config" in options
+        return TritonServerConfig(
+            model_repository=str(self.model_repository.resolve()),
+            backend_directory=str(self.backend_directory()),
+            http_address=LOOPBACK,
+            http_port=self._port("HTTP"),
+            grpc_address=LOOPBACK,
+            grpc_port=self._port("GRPC"),
+            metrics_address=LOOPBACK,
+            metrics_port=self._port("Metrics"),
+            model_control_mode="none",
+            strict_readiness=True,
+            exit_on_error=True,
+            exit_timeout_secs=self.exit_timeout_s,
+            disable_auto_complete_config=switch,
+            strict_model_config=None if switch else True,
+            # Triton 25.x+; absent from 2.51
+            http_max_input_size=HTTP_MAX_INPUT_SIZE if "--http-max-input-size" in options else None,
+            http_restricted_api=restriction if http_restricted else None,
+            grpc_restricted_protocol=restriction
+            if grpc_flag == "--grpc-restricted-protocol"
+            else None,
+            grpc_restricted_api=restriction if grpc_flag == "--grpc-restricted-api" else None,
+        )
+
+    def command(self) -> list[str]:
+        """The tritonserver command line ``start`` runs (choosing free ports if not yet done)."""
+        return [str(self.binary), *self.config().to_args(), *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         """The server's environment: this venv's ``bin`` first on ``PATH`` (the stub imports
         packages through it) and this interpreter's LIBDIR first on ``LD_LIBRARY_PATH``."""
-        env = dict(os.environ)
-        env["PATH"] = os.pathsep.join(
-            p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p
-        )
-        if self._installed_backends() is None:  # the wheel's stub loads libpython3.X.so.1.0
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p
-            )
-        return env
+        return stub_environment(libpython=self._installed_backends() is None)
 
     # ---- lifecycle
 
@@ -606,41 +406,31 @@ class EmbeddedServer:
 
     def _start_once(self, timeout_s: float) -> EmbeddedServer:
         cmd, env = self.command(), self.environment()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # own process group: stop() reaches every stub
+        # own session and process group: stop() reaches every stub
+        self._proc = process.start(cmd, env=env, log_path=self.log_path)
+        self._finalizer = weakref.finalize(self, process.kill, self._proc.pid)
+        outcome = process.wait_ready(self._proc, self._ready, timeout_s)
+        if outcome is process.Readiness.EXITED:
+            code = self._proc.returncode
+            self.stop()  # at once: only stray stubs of the group are left to kill
+            raise self._startup_error(code)
+        if outcome is process.Readiness.TIMED_OUT:
+            pending = self._pending_models()
+            self.stop()
+            raise ServerError(
+                f"tritonserver on {self.model_repository} not ready after {timeout_s:g} s: "
+                f"{pending} (server log: {self.log_path})"
             )
-        self._finalizer = weakref.finalize(self, _kill_group, self._proc.pid)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                self._finish()
-                raise self._startup_error(code)
-            if self._ready():
-                return self
-            if time.monotonic() > deadline:
-                pending = self._pending_models()
-                self.stop()
-                raise ServerError(
-                    f"tritonserver on {self.model_repository} not ready after {timeout_s:g} s: "
-                    f"{pending} (server log: {self.log_path})"
-                )
-            time.sleep(0.2)
+        self._shm_regions = process.stub_shm_regions(self._proc.pid)
+        return self
 
     def _ready(self) -> bool:
         try:
-            status, _ = _request(f"http://{self.http_url}/v2/health/ready", timeout_s=2)
-            if status != 200:
-                return False
+            with health.client(self.http_url, _READY_TIMEOUT_S) as triton:
+                if not triton.is_server_ready():
+                    return False
             index = self.repository_index()
-        except (OSError, ServerError):
+        except (OSError, ServerError, InferenceServerException):
             return False
         if any(entry.get("state") != "READY" for entry in index):
             return False
@@ -650,7 +440,7 @@ class EmbeddedServer:
     def _pending_models(self) -> str:
         try:
             index = self.repository_index()
-        except (OSError, ServerError):
+        except ServerError:
             # tritonserver opens its endpoints only after loading every model
             loading = loading_models(self.log_path.read_text(errors="replace"))
             if loading:
@@ -658,44 +448,102 @@ class EmbeddedServer:
             return "the server does not answer"
         pending = [
             f"'{e['name']}' {e.get('state', 'UNKNOWN')}"
-            + (f" ({_one_line(e['reason'])})" if e.get("reason") else "")
+            + (f" ({one_line(e['reason'])})" if e.get("reason") else "")
             for e in index
             if e.get("state") != "READY"
         ]
         return "models not ready: " + ", ".join(pending) if pending else "server not ready"
 
     def _startup_error(self, code: int) -> ServerError:
-        log_text = self.log_path.read_text(errors="replace")
-        causes = failure_causes(log_text)
-        taken = {int(m) for c in causes for m in re.findall(r"^port (\d+) .* already in use", c)}
+        causes = failure_causes(self.log_path.read_text(errors="replace"))
+        taken = ports_in_use(causes)
         taken_kinds = [k for k, p in self._ports.items() if p in taken]
         if taken_kinds and all(not self._requested_ports[k] for k in taken_kinds):
             self._ports = {}
             return _AutoPortTaken()
-        cause = "; ".join(causes) or _log_tail(self.log_path) or "no output"
+        cause = "; ".join(causes) or log_tail(self.log_path) or "no output"
         return ServerError(
             f"tritonserver exited while starting (exit code {code}): {cause} "
             f"(server log: {self.log_path})"
         )
 
+    def watch(
+        self,
+        stubs: Mapping[str, int],
+        *,
+        interval_s: float = 1.0,
+        probes: Mapping[str, health.Request] | None = None,
+        probe_interval_s: float = 15.0,
+        probe_failures: int = 3,
+    ) -> str:
+        """Block while the server runs well; return why it needs a restart.
+
+        Triton 2.51 neither restarts a crashed Python stub nor reports it through readiness, so
+        a stub of ``stubs`` that is gone means a restart; with ``probes``, so do
+        ``probe_failures`` failed health checks in a row, one every ``probe_interval_s``.
+
+        Args:
+            stubs: The stubs to watch (a ``stub_processes()`` snapshot).
+            interval_s: Seconds between looks at the processes.
+            probes: Model -> KServe v2 JSON request sent by each health check.
+            probe_interval_s: Seconds between health checks.
+            probe_failures: Failed health checks in a row that call for a restart.
+
+        Returns:
+            The reason, one line.
+
+        Raises:
+            ServerError: tritonserver itself exited.
+        """
+        failures, next_probe = 0, time.monotonic() + probe_interval_s
+        while True:
+            time.sleep(interval_s)
+            code = self.poll()
+            if code is not None:
+                raise ServerError(
+                    f"tritonserver exited unexpectedly (exit code {code}) "
+                    f"(server log: {self.log_path})"
+                )
+            dead = sorted(set(stubs) - set(self.stub_processes()))
+            if dead:
+                return (
+                    f"Python stub of model instance {', '.join(dead)} died "
+                    "(tritonserver 2.51 neither restarts nor reports it)"
+                )
+            if probes and time.monotonic() >= next_probe:
+                report = self.health(probes)
+                failures = 0 if report.healthy else failures + 1
+                next_probe = time.monotonic() + probe_interval_s
+                if failures >= probe_failures:
+                    return (
+                        f"{failures} health checks in a row failed: {'; '.join(report.problems)}"
+                    )
+
     def stop(self) -> None:
         """Stop the server: in-flight requests get ``exit_timeout_s`` to finish, then SIGKILL
-        for whatever remains of its process group (tritonserver and every stub)."""
+        for whatever remains of its process group (tritonserver and every stub); then remove
+        the Python-backend shared memory a killed stub or server left behind.
+
+        Raises:
+            ServerError: processes of the server survived SIGKILL.
+        """
         if self._proc is None:
             return
+        if self._proc.poll() is None:  # once reaped, its pid may name another process
+            self._shm_regions |= process.stub_shm_regions(self._proc.pid)
         try:
-            terminate_process_group(self._proc.pid, self.exit_timeout_s + STOP_GRACE_S)
+            survivors = process.stop(self._proc, self.exit_timeout_s + STOP_GRACE_S)
         finally:
-            self._finish()
+            self._forget_finalizer()
+        if survivors:
+            raise ServerError(
+                f"processes {survivors} of tritonserver group {self._proc.pid} survived SIGKILL"
+            )
+        # a killed stub or server leaves its region behind; nothing else can use it now
+        process.remove_shm_regions(self._shm_regions)
+        self._shm_regions = set()
 
-    def _finish(self) -> None:
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            if process_group_members(self._proc.pid):
-                _kill_group(self._proc.pid)
+    def _forget_finalizer(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
@@ -704,9 +552,7 @@ class EmbeddedServer:
         """Leave the server running after this object (and this process) ends; returns its pid."""
         if self._proc is None:
             raise ServerError("the server has not been started")
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
+        self._forget_finalizer()
         pid = self._proc.pid
         # forget the child so Popen.__del__ does not warn; init reaps it later
         self._proc.returncode = 0
@@ -734,124 +580,3 @@ def _default_log_path() -> Path:
 
 class _AutoPortTaken(ServerError):
     """A port chosen as free was taken before tritonserver bound it; start retries."""
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# ------------------------------------------------------------------------------- health check
-
-# How this Triton release answers a request for a model whose Python stub has died.
-_DEAD_STUB_MARKERS = ("is not healthy", "Stub process", "stub process")
-_JSON_DTYPES = {"TYPE_STRING": "BYTES"}
-
-
-def _probe_request(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A minimal valid-shaped request from a model config: zeros, one row, strings "health"."""
-    batching = int(config.get("max_batch_size", 0)) > 0
-    inputs = []
-    for spec in config.get("input", []):
-        if spec.get("optional"):
-            continue
-        dims = [1 if int(d) < 0 else int(d) for d in spec.get("dims", [])]
-        shape = ([1] if batching else []) + dims
-        count = 1
-        for d in shape:
-            count *= d
-        dtype = spec["data_type"]
-        datatype = _JSON_DTYPES.get(dtype, dtype.removeprefix("TYPE_"))
-        if datatype == "BOOL":
-            data: list[Any] = [False] * count
-        elif datatype == "BYTES":
-            data = ["health"] * count
-        else:
-            data = [0] * count
-        inputs.append({"name": spec["name"], "shape": shape, "datatype": datatype, "data": data})
-    return {"inputs": inputs}
-
-
-def health_check(
-    server: EmbeddedServer | str,
-    models: Iterable[str] | None = None,
-    *,
-    infer: bool = True,
-    requests: Mapping[str, Mapping[str, Any]] | None = None,
-    timeout_s: float = 10.0,
-) -> dict[str, str]:
-    """Probe a server model by model: readiness, and a real inference through each model.
-
-    Triton 2.51 keeps reporting a model ready after its Python stub died; only a request
-    reaches the stub. A model that answers a probe with its own error (say, INVALID_ARG for a
-    placeholder image) is alive; one whose stub is gone is not.
-
-    Args:
-        server: An ``EmbeddedServer`` or the ``host:port`` of an HTTP endpoint.
-        models: Models to probe; defaults to every model in the repository index.
-        infer: Also send one inference request per model.
-        requests: KServe v2 JSON bodies to send per model instead of the synthetic probe
-            (zeros, one row, the string "health").
-        timeout_s: Per-request timeout.
-
-    Returns:
-        model -> "ok", or "answered with an error: <message>" (alive, probe rejected).
-
-    Raises:
-        ServerError: the server is not live, or some model is not ready or did not answer;
-            the message names each such model.
-    """
-    url = server.http_url if isinstance(server, EmbeddedServer) else server
-    headers = server.admin_headers if isinstance(server, EmbeddedServer) else {}
-    log_hint = f" (server log: {server.log_path})" if isinstance(server, EmbeddedServer) else ""
-    base = f"http://{url}/v2"
-    try:
-        status, _ = _request(f"{base}/health/live", timeout_s=timeout_s)
-    except OSError as exc:
-        raise ServerError(f"server at {url} does not answer: {exc}{log_hint}") from exc
-    if status != 200:
-        raise ServerError(f"server at {url} is not live (HTTP {status}){log_hint}")
-    if models is None:
-        status, index = _request(
-            f"{base}/repository/index", method="POST", headers=headers, timeout_s=timeout_s
-        )
-        if status != 200:
-            raise ServerError(
-                f"cannot list the models of {url} (HTTP {status}: {index}); name them"
-            )
-        models = [entry["name"] for entry in index]
-    results: dict[str, str] = {}
-    problems: list[str] = []
-    for model in models:
-        status, body = _request(f"{base}/models/{model}/ready", timeout_s=timeout_s)
-        if status != 200:
-            problems.append(f"model '{model}' is not ready")
-            continue
-        if not infer:
-            results[model] = "ok"
-            continue
-        if requests and model in requests:
-            payload = dict(requests[model])
-        else:
-            _, config = _request(f"{base}/models/{model}/config", timeout_s=timeout_s)
-            payload = _probe_request(config if isinstance(config, dict) else {})
-        try:
-            status, body = _request(
-                f"{base}/models/{model}/infer", method="POST", body=payload, timeout_s=timeout_s
-            )
-        except OSError as exc:
-            problems.append(f"model '{model}' did not answer an inference: {exc}")
-            continue
-        if status == 200:
-            results[model] = "ok"
-            continue
-        message = body.get("error", body) if isinstance(body, dict) else body
-        if any(marker in str(message) for marker in _DEAD_STUB_MARKERS):
-            problems.append(f"model '{model}' failed an inference: {message}")
-        else:
-            results[model] = f"answered with an error: {message}"
-    if problems:
-        raise ServerError("; ".join(problems) + log_hint)
-    return results
