@@ -341,7 +341,7 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
         outputs=_tensor_configs(model.outputs, ragged=False),
         dynamic_batching=model.dynamic_batching,
         instance_groups=groups,
-        parameters=model.parameters,
+        parameters=model.parameters_for(target),
         warmups=tuple(warmups),
         version_latest=model.version_policy_latest,
     )

@@ -424,6 +424,13 @@ class PythonModelSpec:
     instances: PythonInstancesSpec
     warmup: tuple[PythonWarmupSpec, ...]
     version_policy_latest: int
+    target_parameters: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+
+    def parameters_for(self, target: str) -> tuple[tuple[str, str], ...]:
+        """``parameters`` with the target's own entries added (a target's entry wins)."""
+        merged = dict(self.parameters)
+        merged.update(dict(self.target_parameters).get(target, ()))
+        return tuple(merged.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -735,6 +742,12 @@ class PythonModelYaml:
         description="`parameters { key value { string_value } }`. Numbers are converted with "
         "`str()`; `true`/`false` is rejected.",
     )
+    target_parameters: dict[Target, dict[Annotated[str, Field(title="name")], Scalar]] = Field(
+        default_factory=dict,
+        description="Parameters for one target only, added to `parameters` (a key here wins). "
+        "E.g. the tokenizer's `length_buckets` on `gpu`: Triton's native backends take no "
+        "ragged batches, so the dynamic batcher merges only requests padded to equal lengths.",
+    )
     files: dict[FileName, str] = Field(
         default_factory=dict,
         description="Copied into `<name>/1/<file name>`. A file name must not contain `/`. A "
@@ -791,6 +804,10 @@ class PythonModelYaml:
             name=name, backend=self.backend, inputs=self.inputs, outputs=self.outputs,
             max_batch_size=self.max_batch_size,
             parameters=tuple((k, str(v)) for k, v in self.parameters.items()),
+            target_parameters=tuple(
+                (t, tuple((k, str(v)) for k, v in p.items()))
+                for t, p in sorted(self.target_parameters.items())
+            ),
             files=tuple(self.files.items()), dynamic_batching=self.dynamic_batching,
             instances=self.instances, warmup=warmups,
             version_policy_latest=self.version_policy.latest,
