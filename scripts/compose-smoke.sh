@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Run docker-compose.yml for real on this host, on the CPU images (docker-compose.cpu.yml).
+#
+#   scripts/compose-smoke.sh up     build missing images, run the builder, start triton and
+#                                   prometheus on 127.0.0.1 (8000/8001/8002, 9090), wait until
+#                                   healthy, print the endpoints, leave the stack running
+#   scripts/compose-smoke.sh down   remove every container, volume and network of the project
+#   scripts/compose-smoke.sh        up, probe (HTTP + gRPC inference, Prometheus scrape), the
+#                                   Locust SLO gate (cpu profile), down - whatever fails
+#
+# Needs TRITON_ADMIN_KEY, the project's .venv (scripts/setup.sh) for the host-side probes, and
+# Docker Engine + Compose v2 or Podman + podman-compose (scripts/compose-lib.sh picks; ENGINE=
+# forces one). Every wait is bounded: HEALTH_TIMEOUT (s, default 600), BUILD_REPO_TIMEOUT (900),
+# LOAD_TIMEOUT (900). SKIP_BUILD_REPO=1 serves the repository an earlier builder run left in
+# build/model_repositories/cpu. LOAD_DURATION=S shortens each measured load run.
+set -euo pipefail
+source "$(dirname "$0")/compose-lib.sh"
+cd "$TF_ROOT"
+
+HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-600}"
+BUILD_REPO_TIMEOUT="${BUILD_REPO_TIMEOUT:-900}"
+LOAD_TIMEOUT="${LOAD_TIMEOUT:-900}"
+PORTS=(8000 8001 8002 9090)
+TARGET="${BUILD_TARGET:-cpu}"
+REPOSITORY="build/model_repositories/$TARGET"
+TICKER_PID="$TF_STATE/health-ticker.pid"
+T0=$SECONDS
+STARTED=0
+
+usage() { echo "usage: $0 [up|down]" >&2; exit 2; }
+verb="${1:-smoke}"
+case "$verb" in up|down|smoke) ;; *) usage ;; esac
+[ $# -le 1 ] || usage
+
+elapsed() { echo "$((SECONDS - T0)) s"; }
+
+check_admin_key() {
+  [ -n "${TRITON_ADMIN_KEY:-}" ] || tf_die "TRITON_ADMIN_KEY is not set (the admin-key header of Triton's admin APIs): export TRITON_ADMIN_KEY=\$(openssl rand -hex 16)"
+}
+
+check_ports() {
+  local port
+  for port in "${PORTS[@]}"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      local who=""
+      command -v ss >/dev/null && who="$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'users:(("[^"]*"' | head -1 | cut -d'"' -f2 || true)"
+      tf_die "port 127.0.0.1:$port is already in use${who:+ by $who}: stop it, or run '$0 down' if it is this stack"
+    fi
+  done
+}
+
+check_repository() {
+  compgen -G "$REPOSITORY/*/config.pbtxt" >/dev/null \
+    || tf_die "model repository $REPOSITORY is missing or has no model (the builder writes it: run without SKIP_BUILD_REPO)"
+}
+
+running_project() { [ -n "$("$ENGINE" ps -q --filter "label=com.docker.compose.project=$TF_PROJECT")" ]; }
+
+health_status() {  # the engine's health status of a container ('' when it has none yet)
+  "$ENGINE" inspect --format '{{if .State.Health}}{{.State.Health.Status}}{{end}}' "$1" 2>/dev/null || true
+}
+
+# Podman without systemd runs no healthcheck timers: run the check at the compose file's
+# interval ourselves, so the status the engine reports stays current while the stack is up.
+start_health_ticker() {
+  [ "$ENGINE" = podman ] || return 0
+  [ ! -d /run/systemd/system ] || return 0
+  stop_health_ticker
+  local id="$1"
+  mkdir -p "$TF_STATE"
+  setsid bash -c "while podman container exists '$id'; do timeout 30 podman healthcheck run '$id' >/dev/null 2>&1; sleep 15; done" \
+    </dev/null >/dev/null 2>&1 &
+  echo $! >"$TICKER_PID"
+}
+
+stop_health_ticker() {
+  if [ -f "$TICKER_PID" ]; then
+    local pid; pid="$(cat "$TICKER_PID")"
+    kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+    rm -f "$TICKER_PID"
+  fi
+}
+
+wait_healthy() {
+  local id="$1" deadline=$((SECONDS + HEALTH_TIMEOUT)) status state
+  tf_log "waiting up to ${HEALTH_TIMEOUT} s for triton to be healthy (every model ready, text_embedding answering)"
+  while :; do
+    [ "$ENGINE" = podman ] && timeout 30 podman healthcheck run "$id" >/dev/null 2>&1 || true
+    status="$(health_status "$id")"
+    [ "$status" = healthy ] && break
+    state="$("$ENGINE" inspect --format '{{.State.Status}}' "$id" 2>/dev/null || echo gone)"
+    if [ $SECONDS -ge $deadline ] || [ "$state" = gone ]; then
+      "$ENGINE" logs --tail 40 "$id" >&2 2>&1 || true
+      tf_die "triton is not healthy after ${HEALTH_TIMEOUT} s (state $state, health '${status:-none}'); its log is above"
+    fi
+    sleep 5
+  done
+  tf_log "triton healthy after $(elapsed)"
+}
+
+wait_prometheus() {
+  local deadline=$((SECONDS + 120))
+  until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=up%7Bjob%3D%22triton%22%7D' 2>/dev/null | grep -q '"value":\[[0-9.]*,"1"\]'; do
+    [ $SECONDS -lt $deadline ] || tf_die "Prometheus on 127.0.0.1:9090 did not report the triton target up within 120 s"
+    sleep 3
+  done
+  tf_log "prometheus scrapes triton:8002 (up{job=\"triton\"} = 1)"
+}
+
+up() {
+  check_admin_key
+  tf_pick_engine
+  tf_pick_compose
+  if running_project; then
+    tf_die "the $TF_PROJECT stack is already running on $ENGINE: run '$0 down' first"
+  fi
+  check_ports
+  [ "${SKIP_BUILD_REPO:-0}" != 1 ] || check_repository
+  STARTED=1  # from here on, a failure takes down what was started
+  TF_ENGINE_READY=1 bash scripts/compose-images.sh
+  set -a; source build/images/tags.env; set +a
+  mkdir -p build/model_repositories loadtests/results
+  if [ "${SKIP_BUILD_REPO:-0}" != 1 ]; then
+    tf_log "builder: tools build-repo --target $TARGET into $REPOSITORY"
+    TF_ENGINE_TIMEOUT="$BUILD_REPO_TIMEOUT" tf_compose run --rm --no-deps builder >&2 \
+      || tf_die "the builder failed (tools build-repo); its output is above"
+  fi
+  check_repository
+  tf_log "starting triton and prometheus ($(elapsed))"
+  TF_ENGINE_TIMEOUT=300 tf_compose up -d --no-deps triton prometheus >&2
+  local id; id="$(tf_service_ids triton | head -1)"
+  [ -n "$id" ] || tf_die "compose started no triton container"
+  start_health_ticker "$id"
+  wait_healthy "$id"
+  wait_prometheus
+  cat <<INFO
+triton-forge stack up on $ENGINE in $(elapsed):
+  Triton HTTP     http://127.0.0.1:8000   (tools infer text_embedding --text "a cat on a mat")
+  Triton gRPC     127.0.0.1:8001          (tools infer text_embedding --text hi --protocol grpc)
+  Triton metrics  http://127.0.0.1:8002/metrics
+  Prometheus      http://127.0.0.1:9090
+  stop it with    $0 down
+INFO
+}
+
+down() {
+  if [ -z "${ENGINE:-}" ]; then tf_pick_engine; fi
+  [ -n "${TF_COMPOSE+set}" ] || tf_pick_compose
+  stop_health_ticker
+  [ ! -f build/images/tags.env ] || { set -a; source build/images/tags.env; set +a; }
+  # Compose interpolates the whole file: a key is needed even to take the stack down.
+  TRITON_ADMIN_KEY="${TRITON_ADMIN_KEY:-down}" TF_ENGINE_TIMEOUT=180 \
+    tf_compose --profile load --profile grafana down -v --remove-orphans -t 45 >/dev/null 2>&1 || true
+  # Whatever the client left (a container of `run`, a network, the cache volume).
+  local label="label=com.docker.compose.project=$TF_PROJECT" ids
+  ids="$("$ENGINE" ps -aq --filter "$label")"; [ -z "$ids" ] || "$ENGINE" rm -f -t 10 $ids >/dev/null 2>&1 || "$ENGINE" rm -f $ids >/dev/null
+  ids="$("$ENGINE" volume ls -q --filter "$label")"; [ -z "$ids" ] || "$ENGINE" volume rm -f $ids >/dev/null
+  ids="$("$ENGINE" network ls -q --filter "$label")"; [ -z "$ids" ] || "$ENGINE" network rm $ids >/dev/null
+  local left
+  left="$("$ENGINE" ps -aq --filter "$label")$("$ENGINE" volume ls -q --filter "$label")$("$ENGINE" network ls -q --filter "$label")"
+  [ -z "$left" ] || tf_die "down left objects of $TF_PROJECT behind: $left"
+  tf_log "down: no container, volume or network of $TF_PROJECT left ($ENGINE)"
+}
+
+probe() {
+  local tools=.venv/bin/tools image
+  [ -x "$tools" ] || tf_die "$tools is missing: run scripts/setup.sh for the host-side probes"
+  image="$(.venv/bin/python -c 'import skimage, pathlib; print(pathlib.Path(skimage.__file__).parent / "data" / "chelsea.png")' 2>/dev/null || true)"
+  local protocol
+  for protocol in http grpc; do
+    timeout 60 "$tools" infer text_embedding --text "a cat on a mat" --protocol "$protocol" --json >/dev/null \
+      || tf_die "text_embedding over $protocol failed"
+    if [ -f "$image" ]; then
+      timeout 60 "$tools" infer image_classification --image "$image" --protocol "$protocol" >/dev/null \
+        || tf_die "image_classification over $protocol failed"
+    fi
+    tf_log "inference over $protocol from the host: ok"
+  done
+  # Prometheus has scraped the requests just sent.
+  local deadline=$((SECONDS + 60))
+  until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=sum(nv_inference_request_success%7Bjob%3D%22triton%22%7D)' 2>/dev/null \
+      | grep -q '"value":\[[0-9.]*,"[1-9]'; do
+    [ $SECONDS -lt $deadline ] || tf_die "Prometheus has no nv_inference_request_success from triton after 60 s"
+    sleep 3
+  done
+  tf_log "prometheus holds Triton's nv_inference_request_success"
+}
+
+load_gate() {
+  # The loadtest service of docker-compose.yml, gated on the cpu profile of loadtests/slo.yaml.
+  local cmd=(tools loadtest --url triton:8000 --grpc-url triton:8001 --slo-profile cpu
+    --report-dir /results)
+  [ -z "${LOAD_DURATION:-}" ] || cmd+=(--duration "$LOAD_DURATION")
+  tf_log "SLO gate: compose run loadtest ${cmd[*]:1}"
+  TF_ENGINE_TIMEOUT="$LOAD_TIMEOUT" tf_compose --profile load run --rm --no-deps loadtest "${cmd[@]}" >&2 \
+    || tf_die "the SLO gate failed (loadtests/results has the report)"
+  tf_log "SLO gate passed ($(elapsed))"
+}
+
+case "$verb" in
+  up)
+    trap 'rc=$?; [ $rc -eq 0 ] || [ $STARTED = 0 ] || { tf_log "up failed: taking the stack down"; down; }; exit $rc' EXIT
+    trap 'exit 130' INT TERM
+    up ;;
+  down)
+    down ;;
+  smoke)
+    check_admin_key
+    trap 'rc=$?; [ $STARTED = 0 ] || down; tf_log "smoke $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(elapsed)"; exit $rc' EXIT
+    trap 'exit 130' INT TERM
+    up
+    probe
+    load_gate ;;
+esac
