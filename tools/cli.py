@@ -21,6 +21,7 @@ _COMMANDS = {
     "infer": "tools.infer:infer",
     "loadtest": "tools.loadtest.command:loadtest",
     "bench": "tools.bench.command:bench",
+    "deploy": "tools.deploy.command:deploy",
 }
 
 # Shown by `tools --help` without importing each stage.
@@ -30,6 +31,7 @@ _SHORT_HELP = {
     "infer": "Send one request to a model or pipeline and print the result.",
     "loadtest": "Run a Locust scenario headless and gate it on exact P99 targets.",
     "bench": "Compare served throughput and latency with the in-process limit.",
+    "deploy": "Render Kubernetes manifests (tools deploy k8s) from the spec.",
 }
 
 
