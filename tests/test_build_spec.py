@@ -30,11 +30,11 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 def test_project_spec_parses_with_the_contract_models():
     spec = load_spec(REPO_ROOT / "repository.yaml")
-    assert {m.name for m in spec.models} == {"minilm_encoder", "efficientnet_lite0"}
+    assert {m.name for m in spec.models} == {"minilm_encoder", "minilm_encoder_int8", "efficientnet_lite0"}
     assert {m.name for m in spec.python_models} == {
         "text_tokenizer", "image_preprocess", "image_postprocess"
     }
-    assert {p.name for p in spec.pipelines} == {"text_embedding", "image_classification"}
+    assert {p.name for p in spec.pipelines} == {"text_embedding", "text_embedding_int8", "image_classification"}
     encoder = spec.find("minilm_encoder")
     assert [t.dims for t in encoder.inputs] == [(-1,), (-1,)]
     assert encoder.outputs[0].dims == (384,)

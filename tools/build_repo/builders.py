@@ -23,13 +23,17 @@ from tools.build_repo.fingerprints import (
     python_files,
     python_inputs,
     pytorch_inputs,
+    quality_files,
 )
 from tools.build_repo.manifest import ModelEntry, fingerprint, matching_artifacts
 from tools.build_repo.progress import BuildProgress
 from tools.build_repo.repository import VERSION, copy_python_backend
 from tools.build_repo.results import ModelKind, ModelResult, StageRecord, StageStatus
 from tools.build_repo.spec import ModelSpec, PipelineSpec, PythonModelSpec, RepoSpec, resolve_reference
+from tools.build_repo.onnx_source import OnnxBuilder
+from tools.build_repo.spec import OnnxModelSpec
 from tools.errors import SpecError
+from tools.models.recipes import model_callables, recipe_weights
 
 T = TypeVar("T")
 # The stages a repackage carries over from the build it reuses.
@@ -124,13 +128,19 @@ class PytorchBuilder:
     def plan(self, previous: ModelEntry | None) -> Plan:
         """The full and export keys of this model."""
         inputs, stats = pytorch_inputs(self.spec, self.model, self.target, self.text, previous)
+        if self.model.recipe is not None:  # the recipe's folder files (tools/models/recipes.py)
+            inputs["weights"], stats = recipe_weights(self.spec.root, self.model, previous)
         device = None
         if self._tensorrt:
             from tools.build_repo.onnx2trt import device_record
 
             device = device_record()
-        export = export_inputs(self.model, self.target, inputs["modules"], inputs["weights"], device)
+        quality = quality_files(self.spec, self.model) if self.target == "cpu" else None
+        export = export_inputs(self.model, self.target, inputs["modules"], inputs["weights"], device,
+                               quality)
+        export["recipe"] = dataclasses.asdict(self.model.recipe) if self.model.recipe else None
         inputs["device"] = device
+        inputs["quality"] = quality
         return Plan(inputs, fingerprint(inputs), fingerprint(export), stats)
 
     # --- reuse -------------------------------------------------------------------------------
@@ -138,6 +148,10 @@ class PytorchBuilder:
     def _exported_files(self, previous: ModelEntry) -> list[str]:
         """The artifacts of the previous build that a repackage carries over (relative paths)."""
         names = [cfg.ONNX_FILE]
+        if self.target == "cpu" and self.model.cpu.optimize != "none":
+            names.append(cfg.FUSED_FILE)
+            if self.model.cpu.optimize == "int8":
+                names.append(cfg.INT8_FILE)
         if self._tensorrt:
             if previous.tensorrt is None:
                 return []  # the plan was not built last time (no GPU): nothing complete to reuse
@@ -173,8 +187,7 @@ class PytorchBuilder:
         spec, model, target = self.spec, self.model, self.target
         version_dir = model_dir / VERSION
         version_dir.mkdir()
-        factory = resolve_reference(model.source, self.where)
-        sample_fn = resolve_reference(model.sample_inputs, self.where)
+        factory, sample_fn = model_callables(spec.root, model, self.where)
         torch_model = stages.run("load", factory)
         onnx_path = version_dir / cfg.ONNX_FILE
         stages.run("export", lambda: export_onnx(torch_model, trace_sample(model, sample_fn), model, onnx_path))
@@ -187,6 +200,8 @@ class PytorchBuilder:
         result.parity["onnxruntime"] = figures_to_manifest(figures)
         entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,
                                         "cases": result.parity["onnxruntime"]}}
+        if target == "cpu" and model.cpu.optimize != "none":
+            self._optimize(onnx_path, output, stages, entry, torch_model, sample_fn)
 
         if self._tensorrt:
             plan_path = version_dir / cfg.PLAN_FILE
@@ -215,6 +230,47 @@ class PytorchBuilder:
         stages.run("write", self._write_files, model_dir, sample_fn)
         self._describe(entry)
 
+    def _optimize(self, onnx_path: Path, output: Path, stages: Stages, entry: ModelEntry,
+                  torch_model: Any, sample_fn: Any) -> None:
+        """cpu target: fuse (parity against PyTorch), then int8 (the quality gate)."""
+        from tools.build_repo import onnx2fused, onnx2int8, quality
+        from tools.build_repo.parity import check_parity, figures_to_manifest, onnxruntime_runner
+        from tools.build_repo.spec import resolve_file
+        from tools.build_repo.torch2onnx import write_reproduce_script
+
+        spec, model = self.spec, self.model
+        fused_path = onnx_path.with_name(cfg.FUSED_FILE)
+        fusion = stages.run("fuse", onnx2fused.fuse_onnx, onnx_path, fused_path, model)
+        write_reproduce_script(fused_path, spec.path, output, model.name, self.target,
+                               note=f"ONNX Runtime {model.cpu.fusion} fusion of {cfg.ONNX_FILE}")
+        figures = stages.run(
+            "parity_fused", check_parity, model, torch_model, sample_fn,
+            onnxruntime_runner(str(fused_path), threads=spec.cpu_cores), runtime="onnxruntime fused",
+        )
+        stages.result.parity["onnxruntime_fused"] = figures_to_manifest(figures)
+        entry.parity["onnxruntime_fused"] = {"atol": model.atol, "rtol": model.rtol,
+                                             "cases": stages.result.parity["onnxruntime_fused"]}
+        record: dict[str, Any] = {"level": model.cpu.optimize, "fused": fusion.to_dict()}
+        if model.cpu.optimize == "int8":
+            int8_path = onnx_path.with_name(cfg.INT8_FILE)
+            quantized = stages.run("quantize", onnx2int8.quantize_onnx, fused_path, int8_path, model)
+            write_reproduce_script(int8_path, spec.path, output, model.name, self.target,
+                                   note=f"dynamic per-channel int8 of {cfg.FUSED_FILE}")
+            gate = model.cpu.quality
+            where = f"{self.where}field 'cpu.quality': "
+            report = stages.run(
+                "quality", quality.check_embedding_quality, model, gate,
+                quality.read_texts(resolve_file(gate.texts, spec.root, where)),
+                resolve_file(gate.tokenizer, spec.root, where),
+                onnxruntime_runner(str(onnx_path), threads=spec.cpu_cores),
+                onnxruntime_runner(str(int8_path), threads=spec.cpu_cores),
+            )
+            record["quantize"] = quantized.to_dict()
+            record["quality"] = report.to_dict()
+            stages.result.note = (f"int8: min cosine {report.min_cosine:.4f}, top-{gate.neighbours} "
+                                  f"agreement {report.neighbour_agreement:.3f}")
+        entry.optimization = record
+
     def _describe(self, entry: ModelEntry) -> None:
         model = self.model
         entry.opset = model.opset
@@ -233,7 +289,7 @@ class PytorchBuilder:
         model = self.model
         _write_config(model_dir, self.text)
         if model.warmup is not None and warmup:
-            sample_fn = sample_fn or resolve_reference(model.sample_inputs, self.where)
+            sample_fn = sample_fn or model_callables(self.spec.root, model, self.where)[1]
             warm = model_dir / "warmup"
             warm.mkdir()
             for batch in model.warmup.batch_sizes:
@@ -278,6 +334,7 @@ class PytorchBuilder:
         entry.parity = previous.parity
         entry.parity_carried_over_from = built_at
         entry.tensorrt = previous.tensorrt
+        entry.optimization = previous.optimization
         entry.export = {**previous.export, "reused": True}
         self._describe(entry)
         stages.result.parity = _parity_figures(previous)
@@ -355,6 +412,7 @@ class EnsembleBuilder:
 
 Builder = PytorchBuilder | PythonBuilder | EnsembleBuilder
 _BUILDERS: dict[type, type] = {
+    OnnxModelSpec: OnnxBuilder,  # before ModelSpec, which it subclasses
     ModelSpec: PytorchBuilder,
     PythonModelSpec: PythonBuilder,
     PipelineSpec: EnsembleBuilder,

@@ -27,6 +27,10 @@ ModelConfig = model_config_pb2.ModelConfig
 
 ONNX_FILE = "model.onnx"
 PLAN_FILE = "model.plan"
+FUSED_FILE = "model.fused.onnx"
+INT8_FILE = "model.int8.onnx"
+# The graph the cpu target's runner serves, by the model's cpu.optimize.
+SERVED_ONNX = {"none": ONNX_FILE, "fused": FUSED_FILE, "int8": INT8_FILE}
 ONNX_RUNNER_BACKEND = "onnx_runner"  # backends/python/onnx_runner serves ONNX on the cpu target
 
 
@@ -266,7 +270,7 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
             inputs=_tensor_configs(model.inputs, ragged=True),
             instance_groups=(InstanceGroup("KIND_CPU", cpu.count),),
             parameters=(
-                ("onnx_file", ONNX_FILE),
+                ("onnx_file", SERVED_ONNX[model.cpu.optimize]),
                 ("intra_op_threads", str(cpu.intra_op_threads)),
                 ("inter_op_threads", "1"),
                 ("pad_values", json.dumps(pad_values, sort_keys=True)),

@@ -119,14 +119,15 @@ def pytorch_inputs(
 
 def export_inputs(
     model: ModelSpec, target: str, modules: dict[str, str], weights: dict[str, str],
-    device: dict[str, Any] | None = None,
+    device: dict[str, Any] | None = None, quality_files: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The part of a PyTorch model's inputs that model.onnx, model.plan and parity depend on.
 
     Batching, instances, warmup, the rendered config and the Python-backend files are left
     out: changing only those repackages the model around the previous export. ``device`` (gpu
     target) holds the TensorRT version and GPU compute capability a plan would be built for, so
-    a new serving image or another GPU rebuilds the plan.
+    a new serving image or another GPU rebuilds the plan. ``quality_files`` (cpu target, int8)
+    hash the quality set and tokenizer the int8 gate is judged on.
     """
     fields = dataclasses.asdict(model)
     tools = tool_versions()
@@ -134,12 +135,24 @@ def export_inputs(
         "target": target,
         "model": {k: fields[k] for k in EXPORT_FIELDS},
         "gpu": {k: fields["gpu"][k] for k in GPU_EXPORT_FIELDS} if target == "gpu" else None,
+        "cpu": fields["cpu"] if target == "cpu" else None,
+        "quality_files": quality_files if target == "cpu" else None,
         "device": device,
         "modules": modules,
         "weights": weights,
         "tools": {k: tools.get(k) for k in EXPORT_TOOLS},
         "builder": builder_sources(export_only=True),
     }
+
+
+def quality_files(spec: RepoSpec, model: ModelSpec) -> dict[str, str] | None:
+    """sha256 of the int8 quality gate's texts and tokenizer; None unless ``cpu.optimize: int8``."""
+    gate = model.cpu.quality
+    if model.cpu.optimize != "int8" or gate is None:
+        return None
+    where = f"{spec.path}: model {model.name!r}: field 'cpu.quality': "
+    return {name: sha256_file(resolve_file(location, spec.root, where))
+            for name, location in (("texts", gate.texts), ("tokenizer", gate.tokenizer))}
 
 
 def python_files(spec: RepoSpec, model: PythonModelSpec) -> dict[str, Path]:

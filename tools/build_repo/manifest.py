@@ -127,6 +127,7 @@ class ModelEntry:
     export: dict[str, Any] | None = None
     parity: dict[str, dict[str, Any]] | None = None
     tensorrt: TensorRTRecord | None = None
+    optimization: dict[str, Any] | None = None
     opset: int | None = None
     warmup: dict[str, Any] | None = None
     source: dict[str, Any] | None = None

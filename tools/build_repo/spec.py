@@ -345,6 +345,67 @@ class GpuSpec:
     fp16_rtol: NonNegativeFloat = Field(5e-2, description="See `gpu.fp16_atol`.")
 
 
+@strict
+class QualitySetSpec:
+    """The texts an int8 encoder is judged on, against the fp32 ONNX model, before it is served."""
+
+    texts: str = Field(
+        description="A UTF-8 file of real texts, one per line (blank lines are skipped), relative "
+        "to the spec's folder. `tools/models/data/quality_texts.txt` holds texts of many lengths "
+        "and scripts that no tuning of the quantizer has seen."
+    )
+    tokenizer: str = Field(
+        description="The `tokenizer.json` that turns the texts into the encoder's inputs: a path "
+        "or a reference as in `python_models.*.files`."
+    )
+    max_length: PositiveInt = Field(256, description="Truncation, special tokens included.")
+    min_cosine: float = Field(
+        0.99, gt=0, le=1,
+        description="Every text's embedding must have at least this cosine to its fp32 embedding.",
+    )
+    neighbours: PositiveInt = Field(
+        10, description="k of the nearest-neighbour check (over the quality set, self excluded)."
+    )
+    min_neighbour_agreement: float = Field(
+        0.9, gt=0, le=1,
+        description="Mean over texts of |top-k(int8) ∩ top-k(fp32)| / k must be at least this.",
+    )
+
+
+@strict
+class CpuSpec:
+    """How the cpu target serves a PyTorch model: the exported graph, fused, or int8."""
+
+    optimize: Literal["none", "fused", "int8"] = Field(
+        "none",
+        description="`none`: serve `model.onnx`. `fused`: ONNX Runtime's transformer optimizer "
+        "(`onnx2fused`) writes `model.fused.onnx`, checked for parity against PyTorch at "
+        "`tolerance`. `int8`: the fused graph quantized dynamically with per-channel int8 weights "
+        "(`onnx2int8`) into `model.int8.onnx`, gated on `quality` (task quality, not atol); a "
+        "variant that fails its gate is not written and the build names the failed figure. The "
+        "gpu target ignores this (TensorRT builds from `model.onnx`).",
+    )
+    fusion: Literal["bert"] = Field(
+        "bert", description="The optimizer's model type (the architecture family to fuse)."
+    )
+    attention_heads: NonNegativeInt = Field(
+        0,
+        description="Attention heads, for the optimizer's Attention fusion (0: let it read them "
+        "from the graph, which fails for some exports: the manifest lists what was fused).",
+    )
+    hidden_size: NonNegativeInt = Field(
+        0, description="Hidden size, as `attention_heads` (0: read from the graph)."
+    )
+    quantize_exclude: tuple[str, ...] = Field(
+        (),
+        description="`fnmatch` patterns of node names kept in fp32 by `int8` (the most "
+        "quantization-sensitive MatMuls; docs/cpu-speed.md says how they were found).",
+    )
+    quality: Omittable[QualitySetSpec] = Field(
+        None, description="Required with `optimize: int8`."
+    )
+
+
 # --------------------------------------------------------------------------- what the builder reads
 
 
@@ -378,6 +439,17 @@ class PythonWarmupSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class RecipeSpec:
+    """How a recipe builds a model (``tools add``): from a Hugging Face folder or a factory."""
+
+    kind: str
+    path: str | None
+    pooling: str
+    normalize: bool
+    factory: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A PyTorch model: exported to ONNX (and TensorRT on the gpu target)."""
 
@@ -397,6 +469,8 @@ class ModelSpec:
     warmup: WarmupSpec | None
     version_policy_latest: int
     gpu: GpuSpec
+    recipe: RecipeSpec | None = dataclasses.field(default=None, kw_only=True)
+    cpu: CpuSpec = dataclasses.field(default_factory=CpuSpec, kw_only=True)
 
     def axis(self, name: str) -> AxisSpec:
         """The named dynamic axis."""
@@ -407,6 +481,17 @@ class ModelSpec:
         """Batch 1, a middle size and ``max_batch_size``, without repeats."""
         middle = max(1, min(8, self.max_batch_size // 2)) if self.max_batch_size > 2 else 1
         return tuple(sorted({1, middle, self.max_batch_size}))
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxModelSpec(ModelSpec):
+    """A model whose source is an ONNX file: copied, not exported (``tools/build_repo/onnx_source.py``).
+
+    ``source`` and ``sample_inputs`` name the optional PyTorch reference parity is checked
+    against (empty strings when there is none).
+    """
+
+    onnx: str = dataclasses.field(default="", kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -575,18 +660,81 @@ def _check_preferred_sizes(
                   f"holds {too_large}, more than max_batch_size {max_batch_size}")
 
 
+RECIPE_KINDS = ("hf-text-embedding", "hf-sequence-classification", "image-classification")
+
+
+@strict
+class RecipeYaml:
+    """``recipe``: the model is built from a Hugging Face folder or a vision factory."""
+
+    kind: Literal[RECIPE_KINDS] = Field(  # type: ignore[valid-type]
+        description="`hf-text-embedding` (encoder + pooling + optional L2 normalisation → "
+        "`embedding`), `hf-sequence-classification` (→ `logits`) or `image-classification` "
+        "(`factory`'s model: `pixel_values` → `logits`)."
+    )
+    path: Omittable[str] = Field(
+        None,
+        description="The `hf-*` kinds: the local Hugging Face folder (`config.json`, weights). A "
+        "relative path is resolved against the spec's folder. Its `config.json` and weight files "
+        "are hashed into the build key.",
+    )
+    pooling: Literal["mean", "cls"] = Field(
+        "mean",
+        description="`hf-text-embedding`: attention-masked mean of the last hidden states, or "
+        "the first (`[CLS]`) token.",
+    )
+    normalize: bool = Field(
+        True, description="`hf-text-embedding`: L2-normalise the embedding inside the graph."
+    )
+    factory: Omittable[Reference] = Field(
+        None,
+        description="`image-classification`: `build_model()` → `torch.nn.Module` in eval mode "
+        "taking `pixel_values` float32 `[batch, 3, H, W]` and returning logits.",
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> RecipeYaml:
+        rules = Rules()
+        folder = self.kind.startswith("hf-")
+        if folder and self.path is None:
+            rules.add(("path",), f"is required for kind {self.kind!r} (the model folder)")
+        if folder and self.factory is not None:
+            rules.add(("factory",), f"is not accepted for kind {self.kind!r}")
+        if not folder and self.factory is None:
+            rules.add(("factory",), f"is required for kind {self.kind!r}")
+        if not folder and self.path is not None:
+            rules.add(("path",), f"is not accepted for kind {self.kind!r}")
+        rules.raise_any()
+        return self
+
+
 @strict
 class ModelYaml:
     """A PyTorch model (an entry of ``models``): exported to ONNX, checked for parity, served."""
 
-    source: Reference = Field(
+    source: Omittable[Reference] = Field(
+        None,
         description="`build_model()` → `torch.nn.Module` (see \"Factory module\" in "
-        "docs/spec.md)."
+        "docs/spec.md). Required unless `recipe` or `onnx` is given; with `onnx`, the PyTorch "
+        "reference that parity is checked against.",
     )
-    sample_inputs: Reference = Field(
+    sample_inputs: Omittable[Reference] = Field(
+        None,
         description="`sample_inputs(batch_size, axes)`. Used for the export trace (batch "
         "`min(2, max_batch_size)`, each axis at `opt`), for the parity inputs and for the warmup "
-        "files."
+        "files. Required with `source`; not accepted with `recipe`.",
+    )
+    recipe: Omittable[RecipeYaml] = Field(
+        None,
+        description="Build the model from a Hugging Face folder or a vision factory instead of a "
+        "factory module (written by `tools add`). Not accepted with `source` or `onnx`.",
+    )
+    onnx: Omittable[str] = Field(
+        None,
+        description="An existing ONNX file (a path relative to the spec's folder) served as it "
+        "is: no export. Its inputs and outputs must match `inputs`/`outputs` and keep the batch "
+        "axis dynamic. Parity is checked against `source` when given, otherwise skipped (noted "
+        "in the manifest).",
     )
     weights: Omittable[Reference] = Field(
         None,
@@ -637,10 +785,14 @@ class ModelYaml:
     gpu: GpuSpec = Field(
         default_factory=GpuSpec, description="How the gpu target serves the model."
     )
+    cpu: CpuSpec = Field(
+        default_factory=CpuSpec, description="How the cpu target serves the model."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelYaml:
         rules = Rules()
+        _check_origin(rules, self)
         declared = list(self.axes)
         for i, t in enumerate(self.inputs):
             for d in t.shape[1:]:
@@ -658,6 +810,18 @@ class ModelYaml:
                 "is 'cpu', but a TensorRT plan runs only on a GPU: set gpu.backend to "
                 "'onnxruntime' for CPU instances on the gpu target",
             )
+        if self.cpu.optimize == "int8":
+            if self.cpu.quality is None:
+                rules.add(("cpu", "quality"), "is required with optimize: int8 (the gate compares "
+                          "int8 and fp32 embeddings of real texts)")
+            embedding_like = (
+                len(self.outputs) == 1 and self.outputs[0].dtype == "float32"
+                and len(self.outputs[0].shape) == 2 and isinstance(self.outputs[0].shape[1], int)
+            )
+            if not embedding_like:
+                shapes = [f"{t.name} {t.dtype} {list(t.shape)}" for t in self.outputs]
+                rules.add(("cpu", "optimize"), "int8 needs one embedding-like output (float32 "
+                          f"[batch, N]) for its quality gate; this model has {shapes}")
         if self.warmup is not None:
             too_large = [n for n in self.warmup.batch_sizes if n > self.max_batch_size]
             if too_large:
@@ -681,14 +845,57 @@ class ModelYaml:
         if self.warmup is not None:
             lengths = tuple((a.name, self.warmup.axes.get(a.name, a.opt)) for a in axes)
             warmup = WarmupSpec(self.warmup.batch_sizes, lengths, self.warmup.count)
-        return ModelSpec(
-            name=name, source=self.source, sample_inputs=self.sample_inputs, weights=self.weights,
+        kind, origin = _origin(self)
+        return kind(
+            name=name, **origin, weights=self.weights,
             inputs=self.inputs, outputs=self.outputs, axes=axes,
             max_batch_size=self.max_batch_size, opset=self.opset, atol=self.tolerance.atol,
             rtol=self.tolerance.rtol, dynamic_batching=self.dynamic_batching,
             instances=self.instances, warmup=warmup,
-            version_policy_latest=self.version_policy.latest, gpu=self.gpu,
+            version_policy_latest=self.version_policy.latest, gpu=self.gpu, cpu=self.cpu,
         )
+
+
+# The functions a recipe's model is built by: their modules are hashed into the build key.
+RECIPE_FUNCTIONS = {
+    "hf-text-embedding": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
+    "hf-sequence-classification": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
+    "image-classification": (None, "tools.models.vision:sample_inputs"),
+}
+
+
+def _check_origin(rules: Rules, entry: ModelYaml) -> None:
+    """Exactly one of ``source`` + ``sample_inputs``, ``recipe`` or ``onnx`` says where a model comes from."""
+    if entry.recipe is not None:
+        for key in ("source", "sample_inputs", "onnx"):
+            if getattr(entry, key) is not None:
+                rules.add((key,), "is not accepted with 'recipe' (the recipe builds the model)")
+    elif entry.onnx is not None:
+        if (entry.source is None) != (entry.sample_inputs is None):
+            rules.add(("sample_inputs",), "and 'source' go together with 'onnx': the PyTorch "
+                                          "reference parity is checked against")
+        if entry.warmup is not None and entry.sample_inputs is None:
+            rules.add(("warmup",), "needs 'sample_inputs' (the warmup data) for an 'onnx' model")
+    else:
+        for key in ("source", "sample_inputs"):
+            if getattr(entry, key) is None:
+                rules.add((key,), "is required (or give 'recipe' or 'onnx')")
+    if entry.weights is not None and entry.source is None:
+        rules.add(("weights",), "is accepted only with 'source'")
+
+
+def _origin(entry: ModelYaml) -> tuple[type[ModelSpec], dict[str, Any]]:
+    """The spec class and the ``source``/``sample_inputs``/``recipe``/``onnx`` fields it gets."""
+    if entry.recipe is not None:
+        r = entry.recipe
+        source, sample = RECIPE_FUNCTIONS[r.kind]
+        recipe = RecipeSpec(r.kind, r.path, r.pooling, r.normalize, r.factory)
+        return ModelSpec, {"source": source or r.factory, "sample_inputs": sample,
+                           "recipe": recipe}
+    origin = {"source": entry.source or "", "sample_inputs": entry.sample_inputs or ""}
+    if entry.onnx is not None:
+        return OnnxModelSpec, {**origin, "onnx": entry.onnx}
+    return ModelSpec, origin
 
 
 def _scalar(value: Any) -> str | int | float:

@@ -1,0 +1,216 @@
+"""The cpu target's optimisation stages: fuse (parity), int8 (task-quality gate), and their errors.
+
+Graph-level checks use tiny ONNX graphs built here; the MiniLM stages run on the real export in
+the torch tier.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tools.build_repo import onnx2fused, onnx2int8, quality
+from tools.build_repo.spec import QualitySetSpec, load_spec
+from tools.errors import ExportError, SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _project() -> dict:
+    return yaml.safe_load((ROOT / "repository.yaml").read_text())
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "repository.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _matmul_graph(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="/dense/MatMul")], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [weight],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+# --- spec ------------------------------------------------------------------------------------
+
+
+def test_int8_without_a_quality_set_names_the_model_and_field(tmp_path):
+    data = _project()
+    data["models"]["minilm_encoder_int8"]["cpu"].pop("quality")
+    with pytest.raises(SpecError, match=r"model 'minilm_encoder_int8': field 'cpu.quality' is required"):
+        load_spec(_write(tmp_path, data))
+
+
+def test_int8_on_a_model_without_one_embedding_like_output_names_the_field(tmp_path):
+    data = _project()
+    entry = data["models"]["minilm_encoder_int8"]
+    entry["outputs"].append({"name": "tokens", "dtype": "int64", "shape": ["batch", 1]})
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path, data))
+    assert "model 'minilm_encoder_int8': field 'cpu.optimize'" in str(info.value)
+    assert "embedding-like" in str(info.value)
+
+
+def test_the_served_text_pipelines_use_the_fused_and_the_int8_encoder():
+    spec = load_spec(ROOT / "repository.yaml")
+    assert spec.find("minilm_encoder").cpu.optimize == "fused"
+    assert spec.find("minilm_encoder_int8").cpu.optimize == "int8"
+    steps = {p.name: [s.model for s in p.steps] for p in spec.pipelines}
+    assert steps["text_embedding"] == ["text_tokenizer", "minilm_encoder"]
+    assert steps["text_embedding_int8"] == ["text_tokenizer", "minilm_encoder_int8"]
+
+
+# --- stages on tiny graphs -------------------------------------------------------------------
+
+
+def test_a_quantize_exclude_pattern_that_matches_no_node_is_an_error_naming_it(tmp_path):
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    source = _matmul_graph(tmp_path / "tiny.onnx")
+    import dataclasses
+
+    typo = dataclasses.replace(spec, cpu=dataclasses.replace(spec.cpu, quantize_exclude=("/dense/MatMull",)))
+    with pytest.raises(ExportError, match=r"'cpu.quantize_exclude': '/dense/MatMull' matches no"):
+        onnx2int8.quantize_onnx(source, tmp_path / "q.onnx", typo)
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_quantize_keeps_excluded_nodes_fp32_and_quantizes_the_rest(tmp_path):
+    import dataclasses
+
+    import onnx
+
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    source = _matmul_graph(tmp_path / "tiny.onnx")
+    plain = dataclasses.replace(spec, cpu=dataclasses.replace(spec.cpu, quantize_exclude=()))
+    kept = dataclasses.replace(spec, cpu=dataclasses.replace(spec.cpu, quantize_exclude=("/dense/*",)))
+
+    quantized = onnx2int8.quantize_onnx(source, tmp_path / "q.onnx", plain)
+    untouched = onnx2int8.quantize_onnx(source, tmp_path / "k.onnx", kept)
+
+    assert quantized.quantized == ("/dense/MatMul",) and quantized.kept_fp32 == ()
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node}
+    assert untouched.kept_fp32 == ("/dense/MatMul",)
+    assert {n.op_type for n in onnx.load(tmp_path / "k.onnx").graph.node} == {"MatMul"}
+
+
+def test_fusing_a_graph_that_is_no_transformer_is_an_error_naming_the_field(tmp_path):
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder")
+    with pytest.raises(ExportError, match=r"field 'cpu.optimize': the bert optimizer fused no operator"):
+        onnx2fused.fuse_onnx(_matmul_graph(tmp_path / "tiny.onnx"), tmp_path / "f.onnx", spec)
+
+
+# --- the quality gate, on runners with known outputs -----------------------------------------
+
+
+def _runner(table: dict[int, np.ndarray]):
+    """A runner whose embedding of a sequence is looked up by its first token id."""
+    def run(feed):
+        return {"embedding": np.stack([table[int(row[0])] for row in feed["input_ids"]])}
+    return run
+
+
+def _gate_inputs(tmp_path, count=12):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0} | {f"w{i}": i + 1 for i in range(count)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    texts = [f"w{i}" for i in range(count)]
+    rng = np.random.default_rng(1)
+    reference = {i + 1: rng.normal(size=16) for i in range(count)}
+    return texts, path, reference
+
+
+def test_quality_gate_passes_a_candidate_equal_to_the_reference(tmp_path):
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    texts, tokenizer, reference = _gate_inputs(tmp_path)
+    report = quality.check_embedding_quality(
+        spec, QualitySetSpec(texts="x", tokenizer="y"), texts, tokenizer, _runner(reference), _runner(reference)
+    )
+    assert report.min_cosine == pytest.approx(1.0) and report.neighbour_agreement == 1.0
+
+
+def test_quality_gate_names_the_cosine_figure_and_the_worst_text(tmp_path):
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    texts, tokenizer, reference = _gate_inputs(tmp_path)
+    candidate = dict(reference)
+    candidate[4] = reference[4] + 0.5 * np.linalg.norm(reference[4]) * np.eye(16)[0]  # text 'w3'
+    with pytest.raises(quality.QualityError) as info:
+        quality.check_embedding_quality(
+            spec, QualitySetSpec(texts="x", tokenizer="y", min_neighbour_agreement=0.01), texts,
+            tokenizer, _runner(reference), _runner(candidate),
+        )
+    message = str(info.value)
+    assert "model 'minilm_encoder_int8': the int8 quality gate failed: min cosine" in message
+    assert "on 1 of 12 texts" in message and "'w3'" in message
+    assert "neighbour agreement" not in message
+
+
+def test_quality_gate_names_the_neighbour_figure_when_the_ranking_is_lost(tmp_path):
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    texts, tokenizer, reference = _gate_inputs(tmp_path, count=30)
+    rng = np.random.default_rng(2)
+    # Each embedding keeps cosine ~0.995 to its own reference but the neighbourhoods scramble.
+    candidate = {k: v + 0.1 * np.linalg.norm(v) * rng.normal(size=16) / 4 for k, v in reference.items()}
+    with pytest.raises(quality.QualityError, match=r"top-3 neighbour agreement 0\.\d+ < 0.99"):
+        quality.check_embedding_quality(
+            spec, QualitySetSpec(texts="x", tokenizer="y", min_cosine=0.5, neighbours=3,
+                                 min_neighbour_agreement=0.99),
+            texts, tokenizer, _runner(reference), _runner(candidate),
+        )
+
+
+# --- the real MiniLM export ------------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_built_minilm_serves_the_fused_graph_and_the_int8_graph_with_their_records(built_repository):
+    import json
+
+    manifest = json.loads((built_repository / "build_manifest.json").read_text())["models"]
+    fused = manifest["minilm_encoder"]
+    assert fused["optimization"]["fused"]["Attention"] == 6
+    assert max(c["max_abs"] for c in fused["parity"]["onnxruntime_fused"]["cases"]) <= 1e-4
+    int8 = manifest["minilm_encoder_int8"]["optimization"]
+    assert int8["quality"]["min_cosine"] >= 0.99 and int8["quality"]["neighbour_agreement"] >= 0.9
+    assert int8["quality"]["texts"] >= 100
+    for name, served in (("minilm_encoder", "model.fused.onnx"), ("minilm_encoder_int8", "model.int8.onnx")):
+        config = (built_repository / name / "config.pbtxt").read_text()
+        assert f'string_value: "{served}"' in config
+        assert (built_repository / name / "1" / served).is_file()
+        assert (built_repository / name / "1" / f"{served}.reproduce.sh").is_file()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_an_int8_variant_that_misses_its_gate_is_not_written(tmp_path, built_repository):
+    from tools.build_repo.pipeline import build_repository
+    from tools.build_repo.quality import QualityError
+
+    output = tmp_path / "model_repository"
+    shutil.copytree(built_repository, output)
+    before = sorted(p.relative_to(output) for p in output.rglob("*"))
+    data = _project()
+    data["models"]["minilm_encoder_int8"]["cpu"]["quality"]["min_cosine"] = 0.99999
+    data["models"]["minilm_encoder_int8"]["cpu"]["quality"]["texts"] = str(ROOT / "tools/models/data/quality_texts.txt")
+    data["backends"] = str(ROOT / "backends" / "python")
+    spec = _write(tmp_path, data)
+
+    with pytest.raises(QualityError, match=r"model 'minilm_encoder_int8': the int8 quality gate failed: min cosine"):
+        build_repository(spec, output, only=["minilm_encoder_int8"], progress=False)
+    assert sorted(p.relative_to(output) for p in output.rglob("*")) == before

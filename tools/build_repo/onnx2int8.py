@@ -1,0 +1,70 @@
+"""Fused ONNX -> int8 ONNX: dynamic quantization with per-channel int8 weights (cpu target).
+
+Weights are quantized once, activations per batch at run time (no calibration set); nodes whose
+names match ``cpu.quantize_exclude`` stay fp32. The quality gate (``quality.py``) decides.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.build_repo.spec import ModelSpec
+from tools.errors import ExportError
+
+# The operators dynamic quantization turns into integer kernels (MatMul -> MatMulInteger,
+# fused Attention -> QAttention).
+QUANTIZABLE = ("MatMul", "Attention")
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """Which nodes were quantized and which were kept fp32 on purpose."""
+
+    quantized: tuple[str, ...]
+    kept_fp32: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The manifest form."""
+        return {"quantized": len(self.quantized), "kept_fp32": list(self.kept_fp32)}
+
+
+def quantizable_nodes(path: Path) -> list[str]:
+    """Names of the nodes of ``path`` that dynamic quantization would quantize."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type in QUANTIZABLE]
+
+
+def quantize_onnx(source: Path, destination: Path, spec: ModelSpec) -> QuantizeResult:
+    """Write the int8 graph of ``source`` to ``destination``.
+
+    Raises:
+        ExportError: a ``quantize_exclude`` pattern matches no node (a typo would otherwise
+            silently quantize what it meant to keep), or quantization failed.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    nodes = quantizable_nodes(source)
+    kept = []
+    for pattern in spec.cpu.quantize_exclude:
+        matched = [n for n in nodes if fnmatch.fnmatchcase(n, pattern)]
+        if not matched:
+            raise ExportError(
+                f"model {spec.name!r}: field 'cpu.quantize_exclude': {pattern!r} matches no "
+                f"quantizable node of {source} (nodes look like {nodes[:3]})"
+            )
+        kept += [n for n in matched if n not in kept]
+    try:
+        quantize_dynamic(
+            str(source), str(destination), per_channel=True, weight_type=QuantType.QInt8,
+            nodes_to_exclude=kept,
+            # The fused graph's com.microsoft ops have no ONNX shape inference: type as float.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    except Exception as exc:  # noqa: BLE001 - name the model and the file
+        raise ExportError(f"model {spec.name!r}: int8 quantization of {source} failed: {exc}") from exc
+    return QuantizeResult(tuple(n for n in nodes if n not in kept), tuple(kept))
