@@ -22,6 +22,7 @@ _COMMANDS = {
     "loadtest": "tools.loadtest.command:loadtest",
     "bench": "tools.bench.command:bench",
     "deploy": "tools.deploy.command:deploy",
+    "add": "tools.add.command:add",
 }
 
 # Shown by `tools --help` without importing each stage.
@@ -32,6 +33,7 @@ _SHORT_HELP = {
     "loadtest": "Run a Locust scenario headless and gate it on exact P99 targets.",
     "bench": "Compare served throughput and latency with the in-process limit.",
     "deploy": "Render Kubernetes manifests (tools deploy k8s) from the spec.",
+    "add": "Add a model (Hugging Face folder, vision factory, ONNX file) to the spec.",
 }
 
 

@@ -53,3 +53,7 @@ class LoadTestError(ToolkitError):
 
 class BuildError(ToolkitError):
     """The repository build could not complete (lock held, swap failed, a stage crashed)."""
+
+
+class ModelSourceError(UserInputError):
+    """A model folder or file given to a recipe is not a model of that kind, or lacks a file."""

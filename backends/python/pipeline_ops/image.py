@@ -19,7 +19,9 @@ Decisions, kept identical in the served model and the in-process reference (both
   box (bicubic, as TensorFlow's EfficientNet evaluation does; resizing only the crop box also
   keeps a 1 × 100000 image from growing a huge intermediate). Large JPEGs are decoded at a
   reduced DCT scale that still leaves the shorter side at least ``resize_shorter``.
-* Values: ``(x - 127.5) / 127.5``, so pixels lie in [-1, 1], channels first.
+* Values: ``(x - 127.5) / 127.5``, so pixels lie in [-1, 1], channels first. With the ``mean``
+  and ``std`` parameters (per channel, on pixels scaled to [0, 1], as torchvision/timm declare
+  them): ``(x / 255 - mean) / std``. ``channel_order`` ``BGR`` reverses the channels.
 """
 
 from __future__ import annotations
@@ -55,13 +57,27 @@ class PreprocessSettings:
         resize_shorter: the shorter side is resized to this before the centre crop.
         max_pixels: largest declared width × height accepted; larger images are rejected before
             decoding.
+        mean: per-channel mean on [0, 1] pixels (with ``std``); None: ``(x - 127.5) / 127.5``.
+        std: per-channel standard deviation on [0, 1] pixels (with ``mean``).
+        channel_order: ``RGB`` or ``BGR``, the order of the output channels.
     """
 
     image_size: int = 224
     resize_shorter: int = 256
     max_pixels: int = 40_000_000
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    channel_order: str = "RGB"
 
     def __post_init__(self) -> None:
+        if (self.mean is None) != (self.std is None):
+            raise ConfigurationError("parameters 'mean' and 'std' go together")
+        if self.std is not None and min(self.std) <= 0:
+            raise ConfigurationError(f"parameter 'std' must be positive, got {self.std}")
+        if self.channel_order not in ("RGB", "BGR"):
+            raise ConfigurationError(
+                f"parameter 'channel_order' must be RGB or BGR, got {self.channel_order!r}"
+            )
         for name in ("image_size", "resize_shorter", "max_pixels"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(
@@ -91,6 +107,20 @@ class PreprocessSettings:
                         f"model {model!r}: parameter {name!r} must be an integer, "
                         f"got {parameters[name]!r}"
                     ) from None
+        for name in ("mean", "std"):
+            if name in parameters:
+                try:
+                    channels = tuple(float(v) for v in parameters[name].split(","))
+                except ValueError:
+                    channels = ()
+                if len(channels) != 3:
+                    raise ConfigurationError(
+                        f"model {model!r}: parameter {name!r} must be three comma-separated "
+                        f"numbers, got {parameters[name]!r}"
+                    )
+                values[name] = channels
+        if "channel_order" in parameters:
+            values["channel_order"] = parameters["channel_order"].upper()
         try:
             return cls(**values)
         except ConfigurationError as exc:
@@ -213,10 +243,21 @@ def resize_and_crop(image: Image.Image, resize_shorter: int, image_size: int) ->
     )
 
 
-def normalise(image: Image.Image) -> np.ndarray:
-    """RGB image to float32 ``[3, H, W]`` scaled as ``(x - 127.5) / 127.5``."""
+def normalise(image: Image.Image, settings: PreprocessSettings | None = None) -> np.ndarray:
+    """RGB image to float32 ``[3, H, W]``: ``(x - 127.5) / 127.5``, or by the settings' mean/std.
+
+    ``settings`` also gives the channel order; without settings, the defaults (RGB, ±1 scale).
+    """
     pixels = np.asarray(image, dtype=np.float32)
-    return np.ascontiguousarray(((pixels - 127.5) / 127.5).transpose(2, 0, 1))
+    if settings is None or settings.mean is None:
+        values = (pixels - 127.5) / 127.5
+    else:
+        mean = np.asarray(settings.mean, dtype=np.float32)
+        std = np.asarray(settings.std, dtype=np.float32)
+        values = (pixels / np.float32(255.0) - mean) / std
+    if settings is not None and settings.channel_order == "BGR":
+        values = values[:, :, ::-1]
+    return np.ascontiguousarray(values.transpose(2, 0, 1))
 
 
 def preprocess(data: bytes, settings: PreprocessSettings, row: int | None = None) -> np.ndarray:
@@ -226,7 +267,7 @@ def preprocess(data: bytes, settings: PreprocessSettings, row: int | None = None
         InvalidInput: the image cannot be used (see ``decode``).
     """
     image = decode(data, settings.max_pixels, settings.resize_shorter, row)
-    return normalise(resize_and_crop(image, settings.resize_shorter, settings.image_size))
+    return normalise(resize_and_crop(image, settings.resize_shorter, settings.image_size), settings)
 
 
 def prepare_request(

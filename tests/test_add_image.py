@@ -1,0 +1,97 @@
+"""``tools add image-classification FACTORY --labels FILE``: a small CNN served end to end.
+
+Preprocessing is declared as data (resize, crop, mean/std, channel order) and fed to the
+``image_preprocess`` backend; the served top-k must match PyTorch on the same pixels.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.add_helpers import PROTOCOLS, infer
+from tools.add.command import add_model
+from tools.errors import ModelSourceError
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
+FACTORY_MODULE = '''
+import torch
+
+
+def build_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(8, {classes}),
+    ).eval()
+'''
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture
+def cnn_factory(tmp_path, monkeypatch) -> str:
+    package = tmp_path / "my_vision"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "cnn.py").write_text(FACTORY_MODULE.format(classes=4))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_vision.cnn:build_model"
+    for name in [m for m in sys.modules if m.startswith("my_vision")]:
+        del sys.modules[name]
+
+
+def _spec_and_labels(tmp_path: Path, count: int) -> tuple[Path, Path]:
+    from tools.add.spec_text import PROJECT_BACKENDS
+
+    spec = tmp_path / "repository.yaml"
+    spec.write_text(f"target: cpu\nbackends: {PROJECT_BACKENDS}\n")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("".join(f"class {i}\n" for i in range(count)))
+    return spec, labels
+
+
+def test_labels_that_do_not_match_the_logits_are_refused_and_spec_unchanged(tmp_path, cnn_factory):
+    spec, labels = _spec_and_labels(tmp_path, 7)
+    before = spec.read_text()
+    with pytest.raises(ModelSourceError, match=r"returns \(1, 4\), expected logits \(1, 7\)"):
+        add_model("image-classification", cnn_factory, "shapes", spec, labels=labels)
+    assert spec.read_text() == before
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cnn_is_added_built_served_and_answers(tmp_path, cnn_factory, server_factory, protocol):
+    import torch
+    from PIL import Image
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "python"))
+    from pipeline_ops import image as image_ops
+
+    from tools.build_repo.pipeline import build_repository
+    from tools.build_repo.spec import resolve_reference
+
+    spec, labels = _spec_and_labels(tmp_path, 4)
+    add_model("image-classification", cnn_factory, "shapes", spec, labels=labels,
+              image_size=64, resize_shorter=72, mean=",".join(map(str, MEAN)),
+              std=",".join(map(str, STD)), channel_order="BGR")
+    build_repository(spec, tmp_path / "repo", progress=False)
+    server = server_factory(tmp_path / "repo")
+    pixels = np.random.default_rng(1).integers(0, 255, size=(90, 120, 3), dtype=np.uint8)
+    encoded = io.BytesIO()
+    Image.fromarray(pixels).save(encoded, format="PNG")
+    answer = infer(server, protocol, "shapes", "IMAGE",
+                   np.array([[encoded.getvalue()]], dtype=object), ["CLASS_INDEX", "SCORE", "LABEL"])
+    settings = image_ops.PreprocessSettings(image_size=64, resize_shorter=72, mean=MEAN, std=STD,
+                                            channel_order="BGR")
+    reference_pixels = image_ops.preprocess(encoded.getvalue(), settings)
+    with torch.no_grad():
+        logits = resolve_reference(cnn_factory)()(torch.from_numpy(reference_pixels[None]))
+    probabilities = torch.softmax(logits, dim=1).numpy()[0]
+    order = np.argsort(-probabilities, kind="stable")
+    assert answer["CLASS_INDEX"][0].tolist() == order.tolist()
+    np.testing.assert_allclose(answer["SCORE"][0], probabilities[order], atol=1e-5)
+    assert answer["LABEL"][0, 0].decode() == f"class {order[0]}"

@@ -1,0 +1,105 @@
+"""The Hugging Face recipes' PyTorch side: a folder's model wrapped for export, and sample inputs.
+
+``hf-text-embedding``: encoder, masked mean or ``[CLS]`` pooling, optional L2 normalisation.
+``hf-sequence-classification``: the classifier's logits (softmax and labels are served after it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from tools.build_repo.spec import RecipeSpec
+from tools.models.hf_folder import HfFolder
+from tools.models.minilm import _TEXTS
+
+
+def _token_type_ids(encoder: nn.Module) -> bool:
+    return "token_type_ids" in inspect.signature(encoder.forward).parameters
+
+
+class TextEmbedder(nn.Module):
+    """Encoder, then attention-masked mean (or ``[CLS]``) pooling and optional L2 normalisation."""
+
+    def __init__(self, encoder: nn.Module, pooling: str, normalize: bool) -> None:
+        super().__init__()
+        self.encoder, self.pooling, self.normalize = encoder, pooling, normalize
+        self.token_types = _token_type_ids(encoder)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Embed token ids ``[batch, sequence]`` into ``[batch, hidden]``."""
+        extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
+        hidden = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, **extra
+        ).last_hidden_state
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        if not self.normalize:
+            return pooled
+        # Same epsilon as torch.nn.functional.normalize (sentence-transformers' Normalize).
+        return pooled / pooled.norm(p=2, dim=1, keepdim=True).clamp(min=1e-12)
+
+
+class SequenceClassifier(nn.Module):
+    """A ``*ForSequenceClassification`` model returning only its logits."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+        self.token_types = _token_type_ids(classifier)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch, labels]`` of token ids ``[batch, sequence]``."""
+        extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
+        return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
+
+
+def build_model(folder: HfFolder, recipe: RecipeSpec) -> nn.Module:
+    """Load the folder's model offline, wrapped for the recipe, in eval mode.
+
+    Eager attention exports to plain MatMul/Softmax ops that every ONNX runtime handles.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # unused pooler weights and the like: not our concern here
+    hf_logging.disable_progress_bar()
+    if recipe.kind == "hf-sequence-classification":
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(folder.path), attn_implementation="eager"
+        )
+        return SequenceClassifier(model).eval()
+    encoder = AutoModel.from_pretrained(str(folder.path), attn_implementation="eager")
+    return TextEmbedder(encoder, recipe.pooling, recipe.normalize).eval()
+
+
+def sample_inputs(folder: HfFolder, batch_size: int, axes: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """Real sentences tokenised by the folder's tokenizer into rows of exactly ``axes["sequence"]``.
+
+    Row 0 fills the whole length; the other rows are single sentences, right-padded with the
+    tokenizer's padding id (0 when it has none), so the mask matters.
+    """
+    from tokenizers import Tokenizer
+
+    length = int(axes["sequence"])
+    tokenizer = Tokenizer.from_file(str(folder.tokenizer_file))
+    pad_id = (tokenizer.padding or {}).get("pad_id", 0)
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=length)
+    texts = [" ".join(_TEXTS * 8)] + [_TEXTS[i % len(_TEXTS)] for i in range(batch_size - 1)]
+    ids = torch.full((batch_size, length), pad_id, dtype=torch.int64)
+    mask = torch.zeros((batch_size, length), dtype=torch.int64)
+    for row, encoding in enumerate(tokenizer.encode_batch(texts[:batch_size])):
+        n = len(encoding.ids)
+        ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.int64)
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask}

@@ -1,0 +1,80 @@
+"""Recipe models (``recipe:`` in the spec): the factory, sample inputs and weight files of each kind.
+
+The builder asks this module instead of importing a factory module; the recipe's own settings
+(folder, pooling, normalisation, factory) come from the spec entry.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tools.build_repo.manifest import ModelEntry, sha256_file
+from tools.build_repo.spec import ModelSpec, resolve_reference
+
+Factory = Callable[[], Any]
+SampleInputs = Callable[[int, dict[str, int]], dict]
+
+
+def folder_of(root: Path, model: ModelSpec) -> Path:
+    """The recipe's model folder, resolved against the spec's folder."""
+    assert model.recipe is not None and model.recipe.path is not None
+    path = Path(model.recipe.path)
+    return path if path.is_absolute() else root / path
+
+
+def model_callables(root: Path, model: ModelSpec, where: str = "") -> tuple[Factory, SampleInputs]:
+    """``build_model()`` and ``sample_inputs(batch_size, axes)`` of a model, recipe or not.
+
+    Args:
+        root: the spec's folder (a recipe's relative ``path`` is resolved against it).
+        model: the spec entry.
+        where: prefix of error messages (spec file and model).
+
+    Raises:
+        SpecError: a reference does not resolve.
+        ModelSourceError: the recipe's folder is not a model of its kind.
+    """
+    recipe = model.recipe
+    if recipe is None:
+        return resolve_reference(model.source, where), resolve_reference(model.sample_inputs, where)
+    if recipe.kind.startswith("hf-"):
+        from tools.models import hf
+        from tools.models.hf_folder import read_folder
+
+        folder = read_folder(folder_of(root, model), recipe.kind)
+        return (functools.partial(hf.build_model, folder, recipe),
+                functools.partial(hf.sample_inputs, folder))
+    from tools.models import vision
+
+    return resolve_reference(recipe.factory, where), functools.partial(vision.sample_inputs, model)
+
+
+def recipe_files(root: Path, model: ModelSpec) -> list[Path]:
+    """The files a recipe's model is built from (hashed into its build key); none for a factory."""
+    if model.recipe is None or not model.recipe.kind.startswith("hf-"):
+        return []
+    from tools.models.hf_folder import read_folder
+
+    return read_folder(folder_of(root, model), model.recipe.kind).weights_files()
+
+
+def recipe_weights(
+    root: Path, model: ModelSpec, previous: ModelEntry | None
+) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """sha256 of a recipe's files, and their ``[size, mtime_ns]`` for the next run.
+
+    A file whose size and modification time are unchanged keeps the hash recorded last time,
+    so a no-op rebuild does not rehash hundreds of megabytes of weights.
+    """
+    old_hashes = previous.inputs.get("weights", {}) if previous else {}
+    old_stats = previous.weights_stat if previous else {}
+    hashes, stats = {}, {}
+    for path in recipe_files(root, model):
+        key, stat = str(path), path.stat()
+        stats[key] = [stat.st_size, stat.st_mtime_ns]
+        same = key in old_hashes and old_stats.get(key) == stats[key]
+        hashes[key] = old_hashes[key] if same else sha256_file(path)
+    return hashes, stats
