@@ -138,7 +138,6 @@ class PytorchBuilder:
         quality = quality_files(self.spec, self.model) if self.target == "cpu" else None
         export = export_inputs(self.model, self.target, inputs["modules"], inputs["weights"], device,
                                quality)
-        export["recipe"] = dataclasses.asdict(self.model.recipe) if self.model.recipe else None
         inputs["device"] = device
         inputs["quality"] = quality
         return Plan(inputs, fingerprint(inputs), fingerprint(export), stats)
@@ -166,7 +165,7 @@ class PytorchBuilder:
         if (
             export.get("fingerprint") != plan.export_fingerprint
             or not export.get("built_at")
-            or previous.kind != ModelKind.PYTORCH.value
+            or previous.kind != self.kind.value
             or previous.target != self.target
             or previous.parity is None
         ):

@@ -36,7 +36,7 @@ PACKAGING_ONLY = frozenset({
 EXPORT_TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt")
 # The fields of a ModelSpec that shape the exported graph or its parity check.
 EXPORT_FIELDS = ("name", "source", "sample_inputs", "weights", "inputs", "outputs", "axes",
-                 "max_batch_size", "opset", "atol", "rtol")
+                 "max_batch_size", "opset", "atol", "rtol", "recipe")
 GPU_EXPORT_FIELDS = ("backend", "precision", "workspace_mb", "fp16_atol", "fp16_rtol")
 
 

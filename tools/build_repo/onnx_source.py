@@ -76,7 +76,7 @@ def check_signature(path: Path, model: OnnxModelSpec) -> None:
 class OnnxBuilder:
     """A model served from an existing ONNX file: check, copy, [reference parity], write."""
 
-    kind = ModelKind.PYTORCH  # served exactly like an exported PyTorch model
+    kind = ModelKind.ONNX
 
     def __init__(self, spec: RepoSpec, model: OnnxModelSpec, target: str, config_text: str) -> None:
         self.spec, self.model, self.target, self.text = spec, model, target, config_text

@@ -25,6 +25,7 @@ class ModelKind(_Word):
     """What a spec entry is, and so which builder packages it."""
 
     PYTORCH = "pytorch"
+    ONNX = "onnx"  # an ONNX file as the source: no export
     PYTHON = "python"
     ENSEMBLE = "ensemble"
 
