@@ -132,3 +132,19 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
     assert report["served"][0]["encoder_mean_batch"] == pytest.approx(1.0, abs=0.05)
     assert (out / "bench.png").stat().st_size > 10_000
     assert "best served / limit" in result.output
+
+
+def test_format_table_puts_each_pipeline_against_its_own_limit_and_compares_them():
+    fp32 = [_limit(1, 100.0), _limit(8, 200.0)]
+    int8 = [dataclasses.replace(_limit(1, 180.0), pipeline="text_embedding_int8"),
+            dataclasses.replace(_limit(8, 400.0), pipeline="text_embedding_int8")]
+    served = [_served("grpc", 32, 180.0),
+              dataclasses.replace(_served("grpc", 32, 380.0), pipeline="text_embedding_int8")]
+
+    table = format_table(fp32 + int8, served)
+
+    rows = table.splitlines()
+    assert next(r for r in rows if r.startswith("served text_embedding grpc")).split()[-1] == "0.90"
+    assert next(r for r in rows if r.startswith("served text_embedding_int8 grpc")).split()[-1] == "0.95"
+    assert "* text_embedding_int8: limit = in-process, pad to longest, batch 8: 400.0 texts/s." in table
+    assert "best served text_embedding_int8: 380.0 texts/s (grpc c=32) = 2.11 x text_embedding" in table

@@ -40,3 +40,25 @@ def test_user_input_error_exits_2_with_the_subcommands_usage_line(tmp_path):
     assert result.exit_code == 2
     assert "no-such-spec.yaml" in result.output
     assert "build-repo" in result.output.splitlines()[0]
+
+
+def test_every_subcommand_translates_the_projects_errors_at_the_one_edge():
+    from tools.cli import _COMMANDS, cli
+    from tools.command import ToolCommand, ToolGroup
+
+    for name in _COMMANDS:
+        command = cli.get_command(None, name)
+        assert isinstance(command, (ToolCommand, ToolGroup)), name
+        if isinstance(command, ToolGroup):
+            assert all(isinstance(c, ToolCommand) for c in command.commands.values()), name
+
+
+def test_a_nested_subcommands_usage_error_shows_its_own_usage_line(tmp_path):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    result = CliRunner().invoke(cli, ["deploy", "k8s", "--target", "cpu", "--spec",
+                                      str(tmp_path / "missing.yaml"), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "Usage: cli deploy k8s" in result.output or "Usage: tools deploy k8s" in result.output

@@ -1,7 +1,7 @@
 """The ``tools`` command line: one click group, one subcommand per stage.
 
 Each subcommand lives next to the code it drives and is registered here; the errors of the
-project reach the person at this one edge.
+project reach the person through ``tools.command.ToolCommand``, the one edge.
 """
 
 from __future__ import annotations
@@ -37,17 +37,6 @@ _SHORT_HELP = {
 }
 
 
-_LAST_CONTEXT: list[click.Context] = []
-
-
-def _remember_context(ctx: click.Context) -> None:
-    _LAST_CONTEXT[:] = [ctx]
-
-
-def _innermost_context(fallback: click.Context) -> click.Context:
-    return _LAST_CONTEXT[0] if _LAST_CONTEXT else fallback
-
-
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
@@ -57,17 +46,7 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        command = getattr(importlib.import_module(module_name), attr)
-        if isinstance(command, click.Command) and not getattr(command, "_remembers_context", False):
-            command._remembers_context = True  # type: ignore[attr-defined]
-            original = command.invoke
-
-            def invoke(sub_ctx: click.Context, _original=original):
-                _remember_context(sub_ctx)
-                return _original(sub_ctx)
-
-            command.invoke = invoke  # type: ignore[method-assign]
-        return command
+        return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, _SHORT_HELP[name]) for name in self.list_commands(ctx)]
@@ -75,11 +54,12 @@ class _LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
+        # Subcommands translate their own errors (tools.command.ToolCommand); this catches what
+        # is raised before one runs.
         try:
             return super().invoke(ctx)
         except UserInputError as exc:
-            # The subcommand's own context, so the usage line shown is the subcommand's.
-            raise click.UsageError(str(exc), _innermost_context(ctx)) from exc
+            raise click.UsageError(str(exc), ctx) from exc
         except ToolkitError as exc:
             raise click.ClickException(str(exc)) from exc
 

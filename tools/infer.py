@@ -18,6 +18,7 @@ from typing import Any
 import click
 import numpy as np
 
+from tools.command import ToolCommand
 from tools.errors import InferenceError, UserInputError
 
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
@@ -394,7 +395,7 @@ def as_json(result: InferResult) -> str:
     )
 
 
-@click.command("infer")
+@click.command("infer", cls=ToolCommand)
 @click.argument("model")
 @click.option(
     "--text", "texts", multiple=True, help="Text for the model's string input; repeat for a batch."

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tools.command import ToolCommand
 from tools.add import recipes
 from tools.add.spec_text import write_spec
 from tools.build_repo.spec import load_spec
@@ -72,7 +73,7 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
     return entries.summary
 
 
-@click.command("add")
+@click.command("add", cls=ToolCommand)
 @click.argument("recipe", type=click.Choice(recipes.RECIPES))
 @click.argument("path")
 @click.option("--name", required=True, help="Pipeline name; its models are named after it.")

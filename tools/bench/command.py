@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from tools.command import ToolCommand
 from tools.bench.inprocess import InProcessEncoder, LimitResult, measure, read_setup
 from tools.bench.served import ServedResult, measure_served
 from tools.errors import UserInputError
@@ -35,10 +36,14 @@ def _ints(value: str, option: str) -> list[int]:
 
 
 def format_table(limits: Sequence[LimitResult], served: Sequence[ServedResult]) -> str:
-    """The side-by-side table; ratio is throughput over the best in-process throughput."""
-    best = max(limits, key=lambda r: r.throughput)
+    """The side-by-side table, one block per pipeline; ratio is over that pipeline's own limit.
+
+    With several pipelines a last block compares each one's best served throughput with the
+    first pipeline's, in the same run.
+    """
+    pipelines = list(dict.fromkeys([r.pipeline for r in limits] + [s.pipeline for s in served]))
     header = (
-        f"{'what':<30} {'batch/conc':>10} {'texts/s':>9} {'P50 ms':>8} {'P99 ms':>8} "
+        f"{'what':<36} {'batch/conc':>10} {'texts/s':>9} {'P50 ms':>8} {'P99 ms':>8} "
         f"{'enc batch':>9} {'enc queue':>9} {'ratio':>6}"
     )
     lines = [header, "-" * len(header)]
@@ -46,24 +51,43 @@ def format_table(limits: Sequence[LimitResult], served: Sequence[ServedResult]) 
     def fmt(v: float | None, spec: str = ".1f") -> str:
         return "-" if v is None else format(v, spec)
 
-    for r in limits:
-        mark = " *" if r is best else ""
-        lines.append(
-            f"{r.variant + mark:<30} {'b=' + str(r.batch_size):>10} {r.throughput:>9.1f} "
-            f"{r.p50_ms:>8.1f} {r.p99_ms:>8.1f} {'-':>9} {'-':>9} "
-            f"{r.throughput / best.throughput:>6.2f}"
-        )
-    for s in served:
-        lines.append(
-            f"{'served text_embedding ' + s.protocol:<30} {'c=' + str(s.concurrency):>10} "
-            f"{s.throughput:>9.1f} {fmt(s.p50_ms):>8} {fmt(s.p99_ms):>8} "
-            f"{fmt(s.encoder_mean_batch, '.2f'):>9} {fmt(s.encoder_queue_ms):>9} "
-            f"{s.throughput / best.throughput:>6.2f}"
-        )
-    lines.append(
-        f"* limit = {best.variant}, batch {best.batch_size}: {best.throughput:.1f} texts/s. "
-        "enc batch = mean executed batch of minilm_encoder; enc queue = its mean queue ms."
-    )
+    footers, best_served = [], {}
+    for pipeline in pipelines:
+        own = [r for r in limits if r.pipeline == pipeline]
+        if not own:
+            continue
+        best = max(own, key=lambda r: r.throughput)
+        tag = "" if len(pipelines) == 1 else f"{pipeline}: "
+        for r in own:
+            mark = " *" if r is best else ""
+            lines.append(
+                f"{tag + r.variant + mark:<36} {'b=' + str(r.batch_size):>10} {r.throughput:>9.1f} "
+                f"{r.p50_ms:>8.1f} {r.p99_ms:>8.1f} {'-':>9} {'-':>9} "
+                f"{r.throughput / best.throughput:>6.2f}"
+            )
+        points = [s for s in served if s.pipeline == pipeline]
+        for s in points:
+            lines.append(
+                f"{'served ' + pipeline + ' ' + s.protocol:<36} {'c=' + str(s.concurrency):>10} "
+                f"{s.throughput:>9.1f} {fmt(s.p50_ms):>8} {fmt(s.p99_ms):>8} "
+                f"{fmt(s.encoder_mean_batch, '.2f'):>9} {fmt(s.encoder_queue_ms):>9} "
+                f"{s.throughput / best.throughput:>6.2f}"
+            )
+        if points:
+            best_served[pipeline] = max(points, key=lambda s: s.throughput)
+        if len(pipelines) > 1:
+            lines.append("")
+        footers.append(f"* {tag}limit = {best.variant}, batch {best.batch_size}: "
+                       f"{best.throughput:.1f} texts/s.")
+    lines += footers
+    lines.append("enc batch = mean executed batch of the pipeline's encoder; enc queue = its mean "
+                 "queue ms.")
+    if len(best_served) > 1:
+        first, base = next(iter(best_served.items()))
+        for pipeline, point in best_served.items():
+            lines.append(f"best served {pipeline}: {point.throughput:.1f} texts/s "
+                         f"({point.protocol} c={point.concurrency}) = "
+                         f"{point.throughput / base.throughput:.2f} x {first}")
     return "\n".join(lines)
 
 
@@ -76,24 +100,32 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    colors = {"grpc": "tab:blue", "http": "tab:orange"}
-    for protocol in sorted({s.protocol for s in served}):
-        points = sorted((s for s in served if s.protocol == protocol and s.p99_ms),
+    palette = iter(["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"])
+    several = len({s.pipeline for s in served}) > 1
+    for pipeline, protocol in sorted({(s.pipeline, s.protocol) for s in served}):
+        points = sorted((s for s in served
+                         if s.pipeline == pipeline and s.protocol == protocol and s.p99_ms),
                         key=lambda s: s.concurrency)
         xs = [s.throughput for s in points]
-        ax.plot(xs, [s.p99_ms for s in points], "o-", color=colors.get(protocol),
-                label=f"served {protocol} P99")
-        ax.plot(xs, [s.p50_ms for s in points], "s--", color=colors.get(protocol), alpha=0.6,
-                label=f"served {protocol} P50")
+        color = next(palette, None)
+        name = f"{pipeline} {protocol}" if several else protocol
+        ax.plot(xs, [s.p99_ms for s in points], "o-", color=color, label=f"served {name} P99")
+        ax.plot(xs, [s.p50_ms for s in points], "s--", color=color, alpha=0.6,
+                label=f"served {name} P50")
         for s in points:
             ax.annotate(f"c={s.concurrency}", (s.throughput, s.p99_ms), textcoords="offset points",
                         xytext=(4, 4), fontsize=8)
-    best = max(limits, key=lambda r: r.throughput)
+    bests = {max((r for r in limits if r.pipeline == p), key=lambda r: r.throughput).pipeline:
+             max((r for r in limits if r.pipeline == p), key=lambda r: r.throughput)
+             for p in {r.pipeline for r in limits}}
     for r in limits:
-        ax.axvline(r.throughput, color="grey", linestyle=":" if r is not best else "-",
-                   linewidth=1.0 if r is not best else 1.8)
-        ax.annotate(f"{'limit ' if r is best else ''}b={r.batch_size}"
-                    f"{' chunks' if 'chunk' in r.variant else ''}",
+        best = r is bests[r.pipeline]
+        if several and not best:
+            continue  # one limit line per pipeline keeps the plot readable
+        ax.axvline(r.throughput, color="grey", linestyle="-" if best else ":",
+                   linewidth=1.8 if best else 1.0)
+        label = f"{r.pipeline} limit" if several else f"{'limit ' if best else ''}b={r.batch_size}"
+        ax.annotate(f"{label}{' chunks' if 'chunk' in r.variant and not several else ''}",
                     (r.throughput, 0.98), xycoords=("data", "axes fraction"), rotation=90,
                     va="top", ha="right", fontsize=7, color="dimgrey")
     ax.set_xlabel("throughput (texts/s)")
@@ -101,7 +133,7 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_title("text_embedding: served vs in-process ONNX Runtime limit")
+    ax.set_title(", ".join(sorted({s.pipeline for s in served})) + ": served vs in-process limit")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -127,7 +159,7 @@ def _server(repository: Path, url: str | None, grpc_url: str | None,
         server.stop()
 
 
-@click.command("bench")
+@click.command("bench", cls=ToolCommand)
 @click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
               default=Path("model_repository"), show_default=True,
               help="Built repository: the in-process limit reads its files and settings.")
@@ -137,6 +169,9 @@ def _server(repository: Path, url: str | None, grpc_url: str | None,
 @click.option("--texts", "texts_file", type=click.Path(dir_okay=False, path_type=Path),
               default=DEFAULT_TEXTS, show_default="loadtests/data/texts.txt of this project",
               help="One text per line.")
+@click.option("--pipelines", default="text_embedding,text_embedding_int8", show_default=True,
+              help="Text pipelines (tokenizer -> encoder ensembles) to measure side by side; "
+              "those the repository lacks are skipped with a note.")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
               help="In-process batch sizes.")
 @click.option("--concurrency", default="1,8,32", show_default=True,
@@ -153,15 +188,16 @@ def _server(repository: Path, url: str | None, grpc_url: str | None,
               default=Path("reports/bench"), show_default=True,
               help="Folder for bench.json and bench.png.")
 def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: Path,
-          batch_sizes: str, concurrency: str, protocol: str, duration: float, warmup: float,
-          min_seconds: float, output: Path) -> None:
-    """Measure served text_embedding against the in-process limit, in one run on this machine.
+          pipelines: str, batch_sizes: str, concurrency: str, protocol: str, duration: float,
+          warmup: float, min_seconds: float, output: Path) -> None:
+    """Measure served text pipelines against their in-process limits, in one run on this machine.
 
-    (a) The tokenizer and the exported encoder from REPOSITORY, in this process, with the
-    server's ONNX Runtime settings, at each batch size (padded to the longest text of the batch,
-    and also split into length chunks the way the served runner does). (b) text_embedding over
-    gRPC and HTTP with asyncio clients at each concurrency, one text per request. Both use the
-    same texts. The ratio column is throughput over the best in-process throughput.
+    For each pipeline (text_embedding: the fused fp32 encoder; text_embedding_int8: the int8
+    one): (a) its tokenizer and encoder from REPOSITORY, in this process, with the server's ONNX
+    Runtime settings, at each batch size (padded to the longest text of the batch, and also split
+    into length chunks the way the served runner does); (b) the pipeline over gRPC and HTTP with
+    asyncio clients at each concurrency, one text per request. All use the same texts. The ratio
+    column is throughput over that pipeline's best in-process throughput.
     """
     if bool(url) != bool(grpc_url):
         raise UserInputError("give both --url and --grpc-url, or neither (embedded server)")
@@ -173,38 +209,70 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
     sizes = _ints(batch_sizes, "--batch-sizes")
     levels = _ints(concurrency, "--concurrency")
     protocols = ["grpc", "http"] if protocol == "both" else [protocol]
-    setup = read_setup(repository)
+    names = [p.strip() for p in pipelines.split(",") if p.strip()]
+    present = [p for p in names if (repository / p / "config.pbtxt").is_file()]
+    for missing in sorted(set(names) - set(present)):
+        click.echo(f"pipeline {missing} is not in {repository}: skipped", err=True)
+    if not present:
+        raise UserInputError(f"--pipelines {pipelines}: none is in {repository} (build it first: "
+                             f"tools build-repo --output {repository})")
+    setups = [read_setup(repository, p) for p in present]
     output.mkdir(parents=True, exist_ok=True)
     started = time.time()
 
-    click.echo(f"in-process limit: {len(texts)} texts, ONNX Runtime intra-op threads "
-               f"{setup.intra_op_threads}, max_length {setup.max_length}", err=True)
-    encoder = InProcessEncoder(setup)
     limits: list[LimitResult] = []
-    for size in sizes:
-        variants = [False, True] if (size > 1 and encoder.can_chunk) else [False]
-        for chunked in variants:
-            result = measure(encoder, texts, size, chunked=chunked, min_seconds=min_seconds)
-            limits.append(result)
-            click.echo(f"  {result.variant} b={size}: {result.throughput:.1f} texts/s", err=True)
-    del encoder  # free the session's threads and memory before the server runs
+    for setup in setups:
+        click.echo(f"in-process limit of {setup.pipeline} ({setup.encoder}, {setup.onnx_file}): "
+                   f"{len(texts)} texts, ONNX Runtime intra-op threads {setup.intra_op_threads}, "
+                   f"max_length {setup.max_length}", err=True)
+        encoder = InProcessEncoder(setup)
+        for size in sizes:
+            variants = [False, True] if (size > 1 and encoder.can_chunk) else [False]
+            for chunked in variants:
+                result = measure(encoder, texts, size, chunked=chunked, min_seconds=min_seconds)
+                limits.append(result)
+                click.echo(f"  {result.variant} b={size}: {result.throughput:.1f} texts/s", err=True)
+        del encoder  # free the session's threads and memory before the next one and the server
+    setup = setups[0]
 
     served: list[ServedResult] = []
     with _server(repository, url, grpc_url, output) as (http_url, grpc_endpoint):
         endpoints = {"grpc": grpc_endpoint, "http": http_url}
-        for proto in protocols:
-            for level in levels:
-                result = measure_served(proto, endpoints[proto], http_url, texts, level,
-                                        warmup_s=warmup, duration_s=duration)
-                served.append(result)
-                click.echo(f"  served {proto} c={level}: {result.throughput:.1f} texts/s, "
-                           f"P99 {result.p99_ms or float('nan'):.1f} ms, errors "
-                           f"{result.errors}", err=True)
+        for one in setups:
+            for proto in protocols:
+                for level in levels:
+                    result = measure_served(proto, endpoints[proto], http_url, texts, level,
+                                            warmup_s=warmup, duration_s=duration,
+                                            pipeline=one.pipeline, encoder_model=one.encoder)
+                    served.append(result)
+                    click.echo(f"  served {one.pipeline} {proto} c={level}: "
+                               f"{result.throughput:.1f} texts/s, "
+                               f"P99 {result.p99_ms or float('nan'):.1f} ms, errors "
+                               f"{result.errors}", err=True)
 
     table = format_table(limits, served)
     click.echo(table)
-    best = max(limits, key=lambda r: r.throughput)
-    best_served = max(served, key=lambda s: s.throughput)
+    per_pipeline = {}
+    for one in setups:
+        own = [r for r in limits if r.pipeline == one.pipeline]
+        points = [x for x in served if x.pipeline == one.pipeline]
+        best, top = max(own, key=lambda r: r.throughput), max(points, key=lambda x: x.throughput)
+        per_pipeline[one.pipeline] = {
+            "encoder": one.encoder,
+            "onnx_file": one.onnx_file,
+            "encoder_setup": {
+                "tokenizer_dir": str(one.tokenizer_dir),
+                "encoder_dir": str(one.encoder_dir),
+                "max_length": one.max_length,
+                "intra_op_threads": one.intra_op_threads,
+                "tokenizer_parameters": one.tokenizer_config.get("parameters", {}),
+                "encoder_parameters": one.encoder_config.get("parameters", {}),
+            },
+            "limit": best.to_dict(),
+            "best_served": top.to_dict(),
+            "best_ratio": top.throughput / best.throughput,
+        }
+    first = per_pipeline[setups[0].pipeline]
     payload: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -212,23 +280,20 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
         "repository": str(repository.resolve()),
         "texts_file": str(texts_file.resolve()),
         "texts": len(texts),
-        "encoder_setup": {
-            "tokenizer_dir": str(setup.tokenizer_dir),
-            "encoder_dir": str(setup.encoder_dir),
-            "max_length": setup.max_length,
-            "intra_op_threads": setup.intra_op_threads,
-            "tokenizer_parameters": setup.tokenizer_config.get("parameters", {}),
-            "encoder_parameters": setup.encoder_config.get("parameters", {}),
-        },
-        "limit": best.to_dict(),
+        "pipelines": per_pipeline,
+        # The first pipeline's figures at the top level, as before several pipelines existed.
+        "encoder_setup": first["encoder_setup"],
+        "limit": first["limit"],
+        "best_served": first["best_served"],
+        "best_ratio": first["best_ratio"],
         "in_process": [r.to_dict() for r in limits],
-        "served": [s.to_dict() for s in served],
-        "best_served": best_served.to_dict(),
-        "best_ratio": best_served.throughput / best.throughput,
+        "served": [x.to_dict() for x in served],
         "table": table,
     }
     (output / "bench.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     save_plot(limits, served, output / "bench.png")
-    click.echo(f"best served / limit = {payload['best_ratio']:.2f} "
-               f"({best_served.protocol} c={best_served.concurrency}); "
-               f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+    for name, figures in per_pipeline.items():
+        top = figures["best_served"]
+        click.echo(f"{name}: best served / limit = {figures['best_ratio']:.2f} "
+                   f"({top['protocol']} c={top['concurrency']})")
+    click.echo(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")

@@ -25,6 +25,7 @@ from tools.errors import InferenceError, UserInputError
 
 TOKENIZER_MODEL = "text_tokenizer"
 ENCODER_MODEL = "minilm_encoder"
+PIPELINE = "text_embedding"
 VERSION = "1"
 
 
@@ -36,6 +37,17 @@ class EncoderSetup:
     tokenizer_dir: Path
     encoder_config: dict[str, Any]
     encoder_dir: Path
+    pipeline: str = PIPELINE
+
+    @property
+    def encoder(self) -> str:
+        """The encoder model's name."""
+        return self.encoder_config.get("name", ENCODER_MODEL)
+
+    @property
+    def onnx_file(self) -> str:
+        """The ONNX graph the encoder serves (``model.onnx``, ``.fused`` or ``.int8``)."""
+        return self._parameter(self.encoder_config, "onnx_file", "model.onnx")
 
     def _parameter(self, config: dict[str, Any], key: str, default: str) -> str:
         return config.get("parameters", {}).get(key, {}).get("string_value") or default
@@ -53,7 +65,7 @@ class EncoderSetup:
 
 @dataclass
 class LimitResult:
-    """Throughput and per-batch latency of one in-process variant."""
+    """Throughput and per-batch latency of one in-process variant of one pipeline."""
 
     variant: str
     batch_size: int
@@ -62,6 +74,7 @@ class LimitResult:
     throughput: float
     p50_ms: float
     p99_ms: float
+    pipeline: str = PIPELINE
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -81,13 +94,33 @@ def _model_config(config_path: Path) -> dict[str, Any]:
     return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
-def read_setup(repository: Path) -> EncoderSetup:
-    """Read the tokenizer's and the encoder's configs from a built repository.
+def pipeline_models(repository: Path, pipeline: str) -> tuple[str, str]:
+    """(tokenizer, encoder) model names of a text pipeline: its ensemble's two steps.
 
     Raises:
-        UserInputError: the repository lacks the text pipeline's models.
+        UserInputError: no such ensemble, or not a tokenizer -> encoder pipeline.
     """
-    tok_dir, enc_dir = repository / TOKENIZER_MODEL, repository / ENCODER_MODEL
+    path = repository / pipeline / "config.pbtxt"
+    if not path.is_file():
+        raise UserInputError(f"{path} not found: no pipeline {pipeline!r} in {repository} "
+                             f"(build it first: tools build-repo --output {repository})")
+    steps = _model_config(path).get("ensemble_scheduling", {}).get("step", [])
+    if len(steps) != 2:
+        raise UserInputError(f"pipeline {pipeline!r} has {len(steps)} steps; tools bench measures "
+                             f"text pipelines of two (tokenizer -> encoder)")
+    return steps[0]["model_name"], steps[1]["model_name"]
+
+
+def read_setup(repository: Path, pipeline: str = PIPELINE) -> EncoderSetup:
+    """Read a text pipeline's tokenizer and encoder configs from a built repository.
+
+    Raises:
+        UserInputError: the repository lacks the pipeline or its models.
+    """
+    tokenizer, encoder = (TOKENIZER_MODEL, ENCODER_MODEL)
+    if (repository / pipeline / "config.pbtxt").is_file() or pipeline != PIPELINE:
+        tokenizer, encoder = pipeline_models(repository, pipeline)
+    tok_dir, enc_dir = repository / tokenizer, repository / encoder
     for d in (tok_dir, enc_dir):
         if not (d / "config.pbtxt").is_file():
             raise UserInputError(f"{d}/config.pbtxt not found: build the repository first "
@@ -97,6 +130,7 @@ def read_setup(repository: Path) -> EncoderSetup:
         tokenizer_dir=tok_dir / VERSION,
         encoder_config=_model_config(enc_dir / "config.pbtxt"),
         encoder_dir=enc_dir / VERSION,
+        pipeline=pipeline,
     )
 
 
@@ -156,11 +190,11 @@ class InProcessEncoder:
             self.settings.max_text_bytes,
         )
         if isinstance(tokens, Exception):
-            raise InferenceError(f"model {TOKENIZER_MODEL}: {tokens}")
+            raise InferenceError(f"model {self.setup.tokenizer_config.get('name')}: {tokens}")
         runner = self.chunked_runner if chunked else self.padded_runner
         (outputs,) = runner.run([tokens])
         if isinstance(outputs, Exception):
-            raise InferenceError(f"model {ENCODER_MODEL}: {outputs}")
+            raise InferenceError(f"model {self.setup.encoder}: {outputs}")
         (embedding,) = outputs.values()
         return embedding
 
@@ -194,6 +228,7 @@ def measure(
     latency = stats.latency_summary(latencies)
     variant = "in-process, length chunks" if chunked else "in-process, pad to longest"
     return LimitResult(
+        pipeline=encoder.setup.pipeline,
         variant=variant,
         batch_size=batch_size,
         texts=done,

@@ -43,6 +43,7 @@ class ServedResult:
     encoder_queue_ms: float | None
     encoder_compute_ms: float | None
     first_error: str = ""
+    pipeline: str = MODEL
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -65,6 +66,8 @@ async def _sweep_point(
     concurrency: int,
     warmup_s: float,
     duration_s: float,
+    pipeline: str,
+    encoder_model: str,
 ) -> ServedResult:
     mod = _client_module(protocol)
     if protocol == "grpc":
@@ -94,7 +97,7 @@ async def _sweep_point(
             if t0 >= window_end:
                 return
             try:
-                await client.infer(MODEL, inputs[next(order)], outputs=outputs)
+                await client.infer(pipeline, inputs[next(order)], outputs=outputs)
                 error = ""
             except Exception as exc:  # noqa: BLE001 - counted; the first one is reported
                 error = " ".join(str(exc).split())[:200] or type(exc).__name__
@@ -110,14 +113,14 @@ async def _sweep_point(
         )
     finally:
         await client.close()
-    encoder = triton_stats.window(snapshots["before"], snapshots["after"]).get(ENCODER)
+    encoder = triton_stats.window(snapshots["before"], snapshots["after"]).get(encoder_model)
     measured = stats.Window(warmup_s, warmup_s + duration_s)
-    return served_result(protocol, concurrency, records, measured, encoder)
+    return served_result(protocol, concurrency, records, measured, encoder, pipeline)
 
 
 def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed],
-                  window: stats.Window, encoder: triton_stats.ModelWindow | None = None
-                  ) -> ServedResult:
+                  window: stats.Window, encoder: triton_stats.ModelWindow | None = None,
+                  pipeline: str = MODEL) -> ServedResult:
     """One sweep point's figures from its raw records (``tools.stats``' window rule).
 
     Args:
@@ -126,6 +129,7 @@ def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed
         records: Every request of the point, warm-up included, on the window's clock.
         window: The measured window.
         encoder: Triton's view of the encoder over the window, if known.
+        pipeline: The pipeline measured.
     """
     summary = stats.summarize(records, window)
     latency = summary.latency
@@ -142,6 +146,7 @@ def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed
         encoder_queue_ms=encoder.queue_ms if encoder else None,
         encoder_compute_ms=encoder.compute_ms if encoder else None,
         first_error=summary.first_error,
+        pipeline=pipeline,
     )
 
 
@@ -154,6 +159,8 @@ def measure_served(
     *,
     warmup_s: float = 3.0,
     duration_s: float = 15.0,
+    pipeline: str = MODEL,
+    encoder_model: str = ENCODER,
 ) -> ServedResult:
     """Closed-loop load at ``concurrency`` for ``warmup_s`` + ``duration_s``; measure the latter.
 
@@ -165,7 +172,10 @@ def measure_served(
         concurrency: Requests kept in flight.
         warmup_s: Seconds not measured at the start.
         duration_s: Seconds measured.
+        pipeline: The text pipeline (ensemble) the requests go to.
+        encoder_model: Its encoder, whose executed batch and queue time are reported.
     """
     return asyncio.run(
-        _sweep_point(protocol, url, stats_url, texts, concurrency, warmup_s, duration_s)
+        _sweep_point(protocol, url, stats_url, texts, concurrency, warmup_s, duration_s, pipeline,
+                     encoder_model)
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from tools.command import ToolCommand
 from tools.build_repo.drift import check_repository
 from tools.build_repo.pipeline import build_repository
 from tools.build_repo.results import BuildResult, ModelResult  # noqa: F401 - re-exported API
@@ -17,7 +18,7 @@ from tools.build_repo.spec import TARGETS
 from tools.errors import ConfigError
 
 
-@click.command("build-repo")
+@click.command("build-repo", cls=ToolCommand)
 @click.option("--spec", "spec_path", type=click.Path(path_type=Path), default=Path("repository.yaml"),
               show_default=True, help="The repository spec.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("model_repository"),

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import click
 
+from tools.command import ToolGroup
 from tools.build_repo.spec import TARGETS
 from tools.deploy.render import DEFAULT_PROMETHEUS_URL, render_k8s
 
 
-@click.group()
+@click.group(cls=ToolGroup)
 def deploy() -> None:
     """Render deployments of the model repository."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from tools.command import ToolCommand
 from tools.errors import LoadTestError, UserInputError
 from tools.loadtest.runner import RunResult, RunSpec, run_locust
 from tools.loadtest.slo import DEFAULT_SLO_FILE, PROTOCOLS, load_slo
@@ -163,7 +164,7 @@ def write_overview(results: list[RunResult], report_dir: Path) -> Path:
     return path
 
 
-@click.command("loadtest")
+@click.command("loadtest", cls=ToolCommand)
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice(SCENARIO_NAMES),
               help="Scenario to run (repeatable) [default: all].")
 @click.option("--protocol", type=click.Choice(["http", "grpc", "both"]), default="both",
