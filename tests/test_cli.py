@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -62,3 +64,12 @@ def test_a_nested_subcommands_usage_error_shows_its_own_usage_line(tmp_path):
                                       str(tmp_path / "missing.yaml"), "--output", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
     assert "Usage: cli deploy k8s" in result.output or "Usage: tools deploy k8s" in result.output
+
+
+def test_a_project_file_missing_from_an_install_is_named_with_the_way_to_install(tmp_path):
+    from tools import paths
+    from tools.errors import ToolkitError
+
+    assert paths.project_file(paths.LOCUSTFILE, "scenarios") == paths.LOCUSTFILE
+    with pytest.raises(ToolkitError, match=r"not found \(the scenarios\).*pip install -e \."):
+        paths.project_file(tmp_path / "loadtests" / "locustfile.py", "the scenarios")

@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tools.cli import cli
 from tools.errors import UserInputError
-from tools.infer import ModelSpec, TensorSpec, build_inputs
+from tools.infer import ServedModel, ServedTensor, build_inputs
 from tools.serve.server import EmbeddedServer
 
 PROTOCOLS = ["http", "grpc"]
@@ -151,17 +151,17 @@ def test_infer_fails_naming_the_url_when_no_server_listens():
     assert "cannot reach tritonserver at 127.0.0.1:9 (http)" in result.output
 
 
-def _spec(max_batch_size: int = 8) -> ModelSpec:
-    return ModelSpec(
+def _spec(max_batch_size: int = 8) -> ServedModel:
+    return ServedModel(
         "m",
         max_batch_size,
         inputs=(
-            TensorSpec("TEXT", "BYTES", (1,)),
-            TensorSpec("IMAGE", "BYTES", (1,)),
-            TensorSpec("ids", "INT64", (-1,)),
-            TensorSpec("flag", "BOOL", (1,), optional=True),
+            ServedTensor("TEXT", "BYTES", (1,)),
+            ServedTensor("IMAGE", "BYTES", (1,)),
+            ServedTensor("ids", "INT64", (-1,)),
+            ServedTensor("flag", "BOOL", (1,), optional=True),
         ),
-        outputs=(TensorSpec("out", "FP32", (4,)),),
+        outputs=(ServedTensor("out", "FP32", (4,)),),
     )
 
 

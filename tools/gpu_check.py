@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import paths
 from tools import stats
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = paths.CHECKOUT
 
 
 def _time_runner(run, inputs: dict[str, np.ndarray], iterations: int, warmup: int = 5) -> list[float]:

@@ -50,7 +50,7 @@ def check_url(url: str, protocol: str) -> str:
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class ServedTensor:
     """One input or output of a served model, as the server describes it."""
 
     name: str
@@ -60,13 +60,13 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ServedModel:
     """What ``tools infer`` needs to know about a served model."""
 
     name: str
     max_batch_size: int
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[ServedTensor, ...]
+    outputs: tuple[ServedTensor, ...]
 
     @property
     def batching(self) -> bool:
@@ -78,7 +78,7 @@ class ModelSpec:
 class InferResult:
     """Outputs of one request and its round-trip latency."""
 
-    model: ModelSpec
+    model: ServedModel
     outputs: dict[str, np.ndarray]
     latency_ms: float
 
@@ -138,7 +138,7 @@ class Client:
                 "is `tools serve` running?"
             ) from exc
 
-    def model_spec(self, model: str) -> ModelSpec:
+    def model_spec(self, model: str) -> ServedModel:
         """Read a model's inputs, outputs and batching from the server.
 
         Raises:
@@ -155,24 +155,24 @@ class Client:
         max_batch = int(config.get("max_batch_size", 0))
         optional = {i["name"] for i in config.get("input", []) if i.get("optional")}
 
-        def tensors(entries: Sequence[Mapping[str, Any]]) -> tuple[TensorSpec, ...]:
+        def tensors(entries: Sequence[Mapping[str, Any]]) -> tuple[ServedTensor, ...]:
             specs = []
             for entry in entries:
                 shape = tuple(int(d) for d in entry.get("shape", []))
                 dims = shape[1:] if max_batch > 0 else shape
                 specs.append(
-                    TensorSpec(entry["name"], entry["datatype"], dims, entry["name"] in optional)
+                    ServedTensor(entry["name"], entry["datatype"], dims, entry["name"] in optional)
                 )
             return tuple(specs)
 
-        return ModelSpec(
+        return ServedModel(
             model,
             max_batch,
             tensors(metadata.get("inputs", [])),
             tensors(metadata.get("outputs", [])),
         )
 
-    def infer(self, spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> InferResult:
+    def infer(self, spec: ServedModel, inputs: Mapping[str, np.ndarray]) -> InferResult:
         """Send one request; every output of the model is requested.
 
         Raises:
@@ -219,7 +219,7 @@ def _np_dtype(datatype: str) -> Any:
     return triton_to_np_dtype(datatype)
 
 
-def _shape_rows(spec: ModelSpec, tensor: TensorSpec, rows: list[bytes]) -> np.ndarray:
+def _shape_rows(spec: ServedModel, tensor: ServedTensor, rows: list[bytes]) -> np.ndarray:
     """Rows of bytes -> an object array shaped [rows, *dims] (or dims without batching)."""
     if not spec.batching and len(rows) != 1:
         raise UserInputError(
@@ -236,7 +236,7 @@ def _shape_rows(spec: ModelSpec, tensor: TensorSpec, rows: list[bytes]) -> np.nd
     return array.reshape([len(rows), *per_row] if spec.batching else list(per_row))
 
 
-def _string_input(spec: ModelSpec, preferred: str, option: str) -> TensorSpec:
+def _string_input(spec: ServedModel, preferred: str, option: str) -> ServedTensor:
     strings = [t for t in spec.inputs if t.datatype == "BYTES"]
     for tensor in strings:
         if tensor.name.upper() == preferred:
@@ -251,7 +251,7 @@ def _string_input(spec: ModelSpec, preferred: str, option: str) -> TensorSpec:
 
 
 def build_inputs(
-    spec: ModelSpec,
+    spec: ServedModel,
     *,
     texts: Sequence[str] = (),
     images: Sequence[Path] = (),
@@ -323,7 +323,7 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _classification_outputs(spec: ModelSpec) -> tuple[str, str, str | None] | None:
+def _classification_outputs(spec: ServedModel) -> tuple[str, str, str | None] | None:
     """(label, score, index) output names when the model answers with a top-k table."""
     labels = [o for o in spec.outputs if o.datatype == "BYTES" and "LABEL" in o.name.upper()]
     scores = [o for o in spec.outputs if o.datatype in _FLOAT_TYPES and "SCORE" in o.name.upper()]

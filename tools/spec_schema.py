@@ -12,11 +12,12 @@ from typing import Any
 
 from pydantic.json_schema import JsonSchemaValue
 
+from tools import paths
 from tools.build_repo.spec import REPOSITORY_YAML
 from tools.loadtest.slo import SLO_YAML
 from tools.typed_yaml import NAME_PATTERN, REFERENCE_PATTERN, json_schema
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.CHECKOUT
 REGENERATE = "python scripts/generate_docs.py"
 REPOSITORY_SCHEMA = "schemas/repository.schema.json"
 SLO_SCHEMA = "schemas/slo.schema.json"

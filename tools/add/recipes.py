@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import paths
 from tools.errors import ModelSourceError, UserInputError
 
 RECIPES = ("hf-text-embedding", "hf-sequence-classification", "image-classification", "onnx")
@@ -298,7 +299,7 @@ def _labels_in(path: Path) -> int:
     """The number of labels in a labels file (the ``image_postprocess`` format)."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends" / "python"))
+    sys.path.insert(0, str(paths.BACKENDS))
     try:
         from pipeline_ops.topk import load_labels
     finally:

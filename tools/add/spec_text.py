@@ -11,11 +11,12 @@ import re
 import tempfile
 from pathlib import Path
 
+from tools import paths
 from tools.build_repo.spec import RepoSpec, load_spec
 from tools.errors import SpecError, UserInputError
 
 SECTIONS = ("models", "python_models", "pipelines")
-PROJECT_BACKENDS = Path(__file__).resolve().parents[2] / "backends" / "python"
+PROJECT_BACKENDS = paths.BACKENDS
 
 
 def _section_line(lines: list[str], section: str) -> int | None:

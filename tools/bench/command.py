@@ -17,12 +17,13 @@ from typing import Any
 
 import click
 
+from tools import paths
 from tools.command import ToolCommand
 from tools.bench.inprocess import InProcessEncoder, LimitResult, measure, read_setup
 from tools.bench.served import ServedResult, measure_served
 from tools.errors import UserInputError
 
-DEFAULT_TEXTS = Path(__file__).resolve().parents[2] / "loadtests" / "data" / "texts.txt"
+DEFAULT_TEXTS = paths.TEXTS_FILE
 
 
 def _ints(value: str, option: str) -> list[int]:

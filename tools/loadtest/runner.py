@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools import paths
 from tools import process
 from tools.errors import LoadTestError
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
+LOCUSTFILE = paths.LOCUSTFILE
 STARTUP_ALLOWANCE_S = 60.0  # importing locust/tritonclient and connecting, on a busy machine
 EXIT_ALLOWANCE_S = 30.0  # the gate, reports, and the in-process exit watchdog
 _TERM_WAIT_S = 5.0  # Locust's own shutdown after SIGTERM
@@ -106,7 +107,7 @@ def locust_command(spec: RunSpec) -> list[str]:
         raise LoadTestError(f"{spec.scenario}/{spec.protocol}: users must be >= 1, got {users}")
     cmd = [
         sys.executable, "-m", "locust",
-        "-f", str(LOCUSTFILE),
+        "-f", str(paths.project_file(LOCUSTFILE, "the Locust scenarios of tools loadtest")),
         "--headless", "--only-summary",
         "--host", spec.host,
         "-u", str(users), "-r", str(users),

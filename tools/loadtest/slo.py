@@ -13,6 +13,7 @@ from typing import Annotated
 import yaml
 from pydantic import Field, TypeAdapter, model_validator
 
+from tools import paths
 from tools.errors import UserInputError
 from tools.loadtest.gate import Targets
 from tools.typed_yaml import (
@@ -27,7 +28,7 @@ from tools.typed_yaml import (
 )
 
 PROTOCOLS = ("http", "grpc")
-DEFAULT_SLO_FILE = Path(__file__).resolve().parents[2] / "loadtests" / "slo.yaml"
+DEFAULT_SLO_FILE = paths.SLO_FILE
 
 
 @strict

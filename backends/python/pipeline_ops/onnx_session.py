@@ -40,7 +40,7 @@ DEFAULT_RUN_OVERHEAD = 40
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class RunnerTensor:
     """One input or output of the model config (dims exclude the batch axis)."""
 
     name: str
@@ -58,8 +58,8 @@ class RunnerConfig:
     """What ``onnx_runner`` reads from its Triton model config."""
 
     model_name: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[RunnerTensor, ...]
+    outputs: tuple[RunnerTensor, ...]
     onnx_file: str = "model.onnx"
     intra_op_threads: int = 1
     inter_op_threads: int = 1
@@ -89,7 +89,7 @@ class RunnerConfig:
         name = config.get("name", "<unnamed>")
         params = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
 
-        def spec(entry: Mapping[str, Any], kind: str) -> TensorSpec:
+        def spec(entry: Mapping[str, Any], kind: str) -> RunnerTensor:
             data_type = entry.get("data_type", "")
             if data_type not in TRITON_DTYPES:
                 raise ConfigurationError(
@@ -97,7 +97,7 @@ class RunnerConfig:
                     f"which onnx_runner does not serve"
                 )
             dims = tuple(int(d) for d in entry.get("dims", []))
-            return TensorSpec(entry["name"], np.dtype(TRITON_DTYPES[data_type]), dims)
+            return RunnerTensor(entry["name"], np.dtype(TRITON_DTYPES[data_type]), dims)
 
         inputs = tuple(spec(e, "input") for e in config.get("input", []))
         outputs = tuple(spec(e, "output") for e in config.get("output", []))
