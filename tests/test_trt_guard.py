@@ -311,3 +311,22 @@ def test_triton_entrypoint_runs_directly_where_there_is_no_nvidia_entrypoint(tmp
     )
 
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "served", proc.stderr
+
+
+@pytest.mark.parametrize("reason, says", [
+    ("Internal: unable to create TensorRT engine: 1: [stdArchiveReader.cpp::StdArchiveReader::42] "
+     "Error Code 1: Serialization (Serialization assertion stdVersionRead == kSERIALIZATION_VERSION "
+     "failed.Version tag does not match. Note: Current Version: 239, Serialized Engine Version: 236)",
+     "version tag does not match"),
+    ("Internal: unable to create TensorRT engine: 6: The engine plan file is not compatible with this "
+     "version of TensorRT, expecting library version 10.11.0.33 got 10.3.0.26, please rebuild.",
+     "serialised by TensorRT 10.3.0.26 and this server runs 10.11.0.33"),
+])
+def test_triton_engine_load_failures_are_explained_with_the_rebuild_command(reason, says):
+    explanation = trt_guard.explain_engine_failure(reason)
+    assert explanation is not None and says in explanation
+    assert trt_guard.REBUILD_ALL in explanation
+
+
+def test_other_load_failures_get_no_tensorrt_explanation():
+    assert trt_guard.explain_engine_failure("Invalid argument: unexpected inference input 'x'") is None

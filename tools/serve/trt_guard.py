@@ -157,6 +157,38 @@ def read_plan_records(repository: Path) -> list[PlanRecord]:
     return records
 
 
+# --- Triton's own words for a plan it cannot load ---------------------------------------------
+
+# Triton wraps TensorRT's deserialisation error in "unable to create TensorRT engine: ..."; the
+# TensorRT text says which mismatch it was. Both spellings of TensorRT's messages are matched.
+_ENGINE_FAILURE = re.compile(r"unable to create TensorRT engine", re.IGNORECASE)
+_VERSION_MISMATCH = re.compile(
+    r"expecting library version (?P<expected>[\d.]+) got (?P<got>[\d.]+)"
+    r"|serialization assertion .*version tag does not match"
+    r"|version tag does not match",
+    re.IGNORECASE,
+)
+
+
+def explain_engine_failure(reason: str) -> str | None:
+    """What to do about a model that failed to load with a TensorRT engine error, or None.
+
+    Args:
+        reason: Triton's load failure text for one model (from its log or repository index).
+    """
+    if not _ENGINE_FAILURE.search(reason) and not _VERSION_MISMATCH.search(reason):
+        return None
+    match = _VERSION_MISMATCH.search(reason)
+    if match and match.group("expected"):
+        what = (f"the plan was serialised by TensorRT {match.group('got')} and this server runs "
+                f"{match.group('expected')}")
+    elif match:
+        what = "the plan was built with another TensorRT version (version tag does not match)"
+    else:
+        what = "TensorRT could not deserialise the plan (another TensorRT version or GPU)"
+    return f"{what}: rebuild it inside the serving image: `{REBUILD_ALL}`"
+
+
 # --- detecting the running environment (each probe is a seam tests can call directly) ----------
 
 
