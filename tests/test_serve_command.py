@@ -280,20 +280,54 @@ def test_stop_refuses_a_pid_file_naming_a_process_that_is_not_tritonserver(tmp_p
     assert _alive(os.getpid())
 
 
-def test_serve_restarts_the_server_when_a_python_stub_dies(serve_process, toy_repository):
+def _wait_for_line(serve: ServeProcess, text: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [line for line in serve.stderr if text in line]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no line with {text!r} on stderr: {serve.stderr}")
+
+
+def test_serve_reloads_only_the_model_whose_python_stub_died(serve_process, toy_repository):
+    serve = serve_process("--repository", str(toy_repository), *FREE_PORTS, "--exit-timeout", "2")
+    server_pid = int(serve.endpoints["pid"])
+    children = {p.pid: p.cmdline() for p in psutil.Process(server_pid).children()}
+    text_stub = next(pid for pid, argv in children.items() if "toy_text_0_0" in argv)
+    others = sorted(pid for pid in children if pid != text_stub)
+
+    os.kill(text_stub, signal.SIGKILL)
+    line = _wait_for_line(serve, "reloaded model 'toy_text'", timeout_s=30)
+    client = httpclient.InferenceServerClient(serve.endpoints["http"])
+    text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"back again"]], dtype=np.object_))
+    answer = client.infer("toy_text", [text]).as_numpy("EMBEDDING")
+    client.close()
+    children_after = psutil.Process(server_pid).children()
+    serve.proc.send_signal(signal.SIGTERM)
+    code = serve.proc.wait(timeout=60)
+
+    assert "Python stub of toy_text_0_0 died" in line
+    assert answer.shape == (1, 8)
+    assert sorted(p.pid for p in children_after if p.pid in others) == others  # untouched
+    assert not any("tritonserver ready" in l for l in serve.stderr)
+    assert code == 0
+
+
+def test_serve_restarts_tritonserver_when_it_exits_by_itself_on_the_same_ports(
+    serve_process, toy_repository
+):
     serve = serve_process("--repository", str(toy_repository), *FREE_PORTS, "--exit-timeout", "2")
     first_pid = int(serve.endpoints["pid"])
-    text_stub = next(
-        p for p in psutil.Process(first_pid).children() if "toy_text_0_0" in p.cmdline()
-    )
 
-    text_stub.kill()
+    os.kill(first_pid, signal.SIGKILL)  # as Triton 2.51 aborting on std::bad_alloc
     again = serve.wait_for_endpoints(timeout_s=60)
     answer = _double_request("grpc", again["grpc"], np.ones((1, 1), np.float32), delay_ms=0)
     serve.proc.send_signal(signal.SIGTERM)
     code = serve.proc.wait(timeout=60)
 
-    assert any("toy_text_0_0 died" in line for line in serve.stderr)
+    assert any("exited unexpectedly (exit code -9)" in line for line in serve.stderr)
     assert again["grpc"] == serve.endpoints["grpc"]  # clients keep their endpoint
     assert int(again["pid"]) != first_pid and not _alive(first_pid)
     np.testing.assert_array_equal(answer, np.full((1, 1), 2, np.float32))

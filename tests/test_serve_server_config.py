@@ -59,8 +59,16 @@ def test_compose_command_round_trips_through_the_flag_list(compose_config):
 def test_compose_and_embedded_server_agree_on_model_control_and_strict_configs(
     compose_config, embedded_config
 ):
+    # Explicit control with every model loaded at start lets the supervisor reload one model
+    # whose stub died; the load API it uses stays behind the admin key (model-repository is
+    # restricted, see below). Polling the repository is never allowed.
+    assert (embedded_config.model_control_mode, embedded_config.load_model) == ("explicit", ("*",))
+    assert (compose_config.model_control_mode, compose_config.load_model) in (
+        ("none", ()), ("explicit", ("*",))
+    )
     for config in (compose_config, embedded_config):
-        assert config.model_control_mode == "none"
+        assert "model-repository" in config.http_restricted_api.apis
+        assert "model-repository" in config.grpc_restricted_protocol.apis
         assert config.strict_readiness is True
         assert config.exit_on_error is True
         assert config.disable_auto_complete_config or config.strict_model_config is True
@@ -105,7 +113,8 @@ def test_embedded_command_is_the_rendered_config_of_its_flag_list(embedded_confi
 
     assert [a.split("=", 1)[0] for a in cmd[1:]] == [a.split("=", 1)[0]
                                                      for a in server.config().to_args()]
-    assert TritonServerConfig.from_args(cmd[1:]).model_control_mode == "none"
+    parsed = TritonServerConfig.from_args(cmd[1:])
+    assert (parsed.model_control_mode, parsed.load_model) == ("explicit", ("*",))
 
 
 def test_to_args_renders_values_switches_and_repeated_flags_in_field_order():

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import click
 
+from tools.command import ToolCommand
 from tools import process
 from tools.errors import ServerError, UserInputError
 from tools.serve import health
+from tools.serve.recovery import ModelRecovery, RestartBudget
 from tools.serve.server import OPEN_ADMIN_ENV, STOP_GRACE_S, EmbeddedServer
 
 _WATCH_INTERVAL_S = 1.0
@@ -149,20 +151,34 @@ def _serve_until_signal(
     max_restarts: int,
     start_timeout: float,
     probes: Mapping[str, health.Request],
+    budget: RestartBudget,
 ) -> None:
-    """Announce the server and block while it runs; restart it when a Python stub dies or the
-    probes keep failing (Triton 2.51 neither restarts a stub nor reports it through readiness)."""
+    """Announce the server and block while it runs.
+
+    A Python stub that dies gets its model reloaded, and only that model (Triton 2.51 neither
+    restarts a stub nor reports it through readiness); a model over its restart budget is left
+    unloaded and reported. Probes that keep failing, or tritonserver itself exiting, restart
+    the whole server (on the same ports).
+    """
     for restart in range(max_restarts + 1):
         # snapshot before announcing, so a death right after the announcement still counts
-        stubs = server.stub_processes()
+        recovery = ModelRecovery(server, budget)
         click.echo(_describe(server))
-        reason = server.watch(
-            stubs,
-            interval_s=_WATCH_INTERVAL_S,
-            probes=probes,
-            probe_interval_s=_PROBE_INTERVAL_S,
-            probe_failures=_PROBE_FAILURES,
-        )
+        try:
+            reason = server.watch(
+                recovery.stubs,
+                interval_s=_WATCH_INTERVAL_S,
+                probes=probes,
+                probe_interval_s=_PROBE_INTERVAL_S,
+                probe_failures=_PROBE_FAILURES,
+                recovery=recovery,
+                on_event=lambda event: click.echo(event.describe(), err=True),
+            )
+        except ServerError as exc:
+            if server.poll() is None:
+                raise
+            # e.g. Triton 2.51 aborts (std::bad_alloc) on a JSON shape whose byte size overflows
+            reason = str(exc)
         if restart == max_restarts:
             raise ServerError(
                 f"{reason}, and all {max_restarts} restarts are used up "
@@ -173,7 +189,7 @@ def _serve_until_signal(
         _start(server, start_timeout, probes)
 
 
-@click.command("serve")
+@click.command("serve", cls=ToolCommand)
 @click.option(
     "--repository",
     type=click.Path(path_type=Path, file_okay=False),
@@ -233,7 +249,23 @@ def _serve_until_signal(
     type=click.IntRange(0),
     default=3,
     show_default=True,
-    help="Foreground only: restarts when a Python stub dies, before giving up.",
+    help="Foreground only: whole-server restarts when tritonserver exits by itself or --probes "
+    "keep failing, before giving up.",
+)
+@click.option(
+    "--model-restarts",
+    type=click.IntRange(0),
+    default=3,
+    show_default=True,
+    help="Foreground only: reloads of one model whose Python stub died, within "
+    "--restart-window; one more death leaves the model unloaded (reported not ready).",
+)
+@click.option(
+    "--restart-window",
+    type=click.FloatRange(1),
+    default=120.0,
+    show_default=True,
+    help="Seconds of the sliding window --model-restarts counts in.",
 )
 @click.option(
     "--background",
@@ -277,6 +309,8 @@ def serve(
     exit_timeout: int,
     start_timeout: int,
     max_restarts: int,
+    model_restarts: int,
+    restart_window: float,
     background: bool,
     stop_: bool,
     pid_file: Path | None,
@@ -289,11 +323,15 @@ def serve(
     `grpc HOST:PORT`, `metrics URL`, `models A, B`) and serves until Ctrl-C or SIGTERM: the
     server then refuses new requests, lets in-flight ones finish within --exit-timeout, and
     exits leaving no tritonserver or Python-stub process behind. Configs are used as written
-    (no auto-completion) and model control is off. A Python stub that dies restarts the server
-    (up to --max-restarts); so do --probes that keep failing.
+    (no auto-completion). Every model is loaded at start (explicit model control); when a
+    Python stub dies, only its model is reloaded (and the ensembles using it), the other
+    models keep serving. A model that dies more than --model-restarts times in
+    --restart-window seconds is left unloaded and reported not ready. tritonserver exiting
+    by itself, or --probes that keep failing, restart the whole server (up to --max-restarts).
 
     The admin APIs (model repository, shared memory, trace, logging) are closed to callers
-    without a per-server key; a binary that cannot close them is refused unless
+    without a per-server key, generated at each start and never printed; only this command
+    uses it, to reload models. A binary that cannot close them is refused unless
     --allow-open-admin-apis is given. The key is on tritonserver's command line, readable by
     local users in /proc/PID/cmdline: it guards a loopback-only development server against
     accidents, not against other users of the machine.
@@ -339,7 +377,8 @@ def serve(
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         _start(server, start_timeout, requests)
-        _serve_until_signal(server, max_restarts, start_timeout, requests)
+        budget = RestartBudget(model_restarts, restart_window)
+        _serve_until_signal(server, max_restarts, start_timeout, requests, budget)
     except _StopRequested as stop:
         click.echo(
             f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -14,7 +15,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from tools.serve.server_config import (
     TritonServerConfig,
     binary_options,
 )
+from tools.serve.recovery import ModelRecovery, RecoveryEvent
 from tools.serve.server_log import failure_causes, loading_models, log_tail, one_line, ports_in_use
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
@@ -49,6 +51,8 @@ OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
 _GRPC_PREFIX = "triton-grpc-protocol-"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 _READY_TIMEOUT_S = 2.0
+# Config parameter that makes a reload build new instances (see EmbeddedServer.load_model).
+RELOAD_PARAMETER = "triton_forge_reload"
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -188,6 +192,7 @@ class EmbeddedServer:
             allow_open_admin_apis = os.environ.get(OPEN_ADMIN_ENV, "") == "1"
         self.allow_open_admin_apis = allow_open_admin_apis
         self._admin_token = secrets.token_hex(16)
+        self._reloads = 0
         self._proc: subprocess.Popen | None = None
         self._models: list[str] = []
         self._shm_regions: set[str] = set()
@@ -259,12 +264,79 @@ class EmbeddedServer:
             raise ServerError(f"repository index of {self.http_url} is not a list: {index}")
         return index
 
+    def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
+        """Load ``model`` again (the admin API, with this server's key): Triton builds new
+        instances, switches to them once ready, then unloads the old ones, and reloads the
+        ensembles that use the model.
+
+        Triton 2.51 skips a load whose model folder did not change since it was loaded, and a
+        load with an identical config keeps the existing instances (its instance update),
+        either of which would leave a dead stub in place. The loaded config is therefore sent
+        with the load, with one config parameter more, ``RELOAD_PARAMETER`` (a new value each
+        time; no model reads it), which makes Triton build every instance anew.
+
+        Raises:
+            ServerError: Triton refused or failed to load it (its reason in the message).
+        """
+        with health.client(self.http_url, timeout_s=timeout_s) as triton:
+            try:
+                config = triton.get_model_config(model)
+            except (InferenceServerException, OSError) as exc:
+                raise ServerError(f"config of model '{model}' on {self.http_url}: {exc}") from exc
+        self._reloads += 1
+        parameters = config.setdefault("parameters", {})
+        parameters[RELOAD_PARAMETER] = {"string_value": f"{self._reloads}-{secrets.token_hex(4)}"}
+        self._admin_call("load", model, timeout_s, config=json.dumps(config))
+
+    def unload_model(
+        self, model: str, *, unload_dependents: bool = True, timeout_s: float = 30.0
+    ) -> None:
+        """Unload ``model`` (the admin API): it answers no more requests and is not ready.
+
+        Args:
+            model: The model.
+            unload_dependents: Also unload the ensembles that use it, so their readiness does
+                not claim a pipeline that cannot run.
+            timeout_s: How long Triton may take.
+
+        Raises:
+            ServerError: Triton refused or did not answer.
+        """
+        self._admin_call("unload", model, timeout_s, unload_dependents=unload_dependents)
+
+    def _admin_call(self, action: str, model: str, timeout_s: float, **options: object) -> None:
+        with health.client(self.http_url, timeout_s=timeout_s) as triton:
+            call = triton.load_model if action == "load" else triton.unload_model
+            try:
+                call(model, headers=self.admin_headers, **options)
+            except (InferenceServerException, OSError) as exc:
+                message = exc.message() if isinstance(exc, InferenceServerException) else exc
+                raise ServerError(
+                    f"{action} of model '{model}' on {self.http_url} failed: {one_line(str(message))} "
+                    f"(server log: {self.log_path})"
+                ) from exc
+
     def health(
-        self, probes: Mapping[str, health.Request] | None = None, *, synthetic: bool = False
+        self,
+        probes: Mapping[str, health.Request] | None = None,
+        *,
+        synthetic: bool = False,
+        skip: Iterable[str] = (),
     ) -> health.HealthReport:
-        """``health.check`` of this server's models (``probes``: model -> request to send)."""
+        """``health.check`` of this server's models (``probes``: model -> request to send),
+        leaving out the models in ``skip`` and, when there are some, every model Triton lists
+        as unloading or unloaded (the ensembles unloaded with them)."""
+        skipped = set(skip)
+        if skipped:
+            try:
+                skipped |= {e["name"] for e in self.repository_index()
+                            if e.get("state") == "UNLOADING"
+                            or (e.get("state") == "UNAVAILABLE" and e.get("reason") == "unloaded")}
+            except ServerError:
+                pass
+        models = [m for m in self.models if m not in skipped]
         return health.check(
-            self.http_url, self.models, probes=probes, synthetic=synthetic,
+            self.http_url, models, probes=probes, synthetic=synthetic,
             headers=self.admin_headers,
         )
 
@@ -326,7 +398,10 @@ class EmbeddedServer:
             grpc_port=self._port("GRPC"),
             metrics_address=LOOPBACK,
             metrics_port=self._port("Metrics"),
-            model_control_mode="none",
+            # Explicit control with every model loaded at start: the supervisor (and only it,
+            # holding the admin key) reloads a model whose Python stub died.
+            model_control_mode="explicit",
+            load_model=("*",),
             strict_readiness=True,
             exit_on_error=True,
             exit_timeout_secs=self.exit_timeout_s,
@@ -475,19 +550,26 @@ class EmbeddedServer:
         probes: Mapping[str, health.Request] | None = None,
         probe_interval_s: float = 15.0,
         probe_failures: int = 3,
+        recovery: ModelRecovery | None = None,
+        on_event: Callable[[RecoveryEvent], None] | None = None,
     ) -> str:
         """Block while the server runs well; return why it needs a restart.
 
-        Triton 2.51 neither restarts a crashed Python stub nor reports it through readiness, so
-        a stub of ``stubs`` that is gone means a restart; with ``probes``, so do
-        ``probe_failures`` failed health checks in a row, one every ``probe_interval_s``.
+        Triton 2.51 neither restarts a crashed Python stub nor reports it through readiness.
+        Without ``recovery``, a stub of ``stubs`` that is gone means a restart; with it, the
+        models that lost a stub are reloaded (or given up) and watching goes on. With
+        ``probes``, ``probe_failures`` failed health checks in a row, one every
+        ``probe_interval_s``, also mean a restart (models given up are not probed).
 
         Args:
-            stubs: The stubs to watch (a ``stub_processes()`` snapshot).
+            stubs: The stubs to watch (a ``stub_processes()`` snapshot); ignored with
+                ``recovery``, which keeps its own.
             interval_s: Seconds between looks at the processes.
             probes: Model -> KServe v2 JSON request sent by each health check.
             probe_interval_s: Seconds between health checks.
             probe_failures: Failed health checks in a row that call for a restart.
+            recovery: Reloads the models whose stub died, within its restart budget.
+            on_event: Called with each recovery action (to report it).
 
         Returns:
             The reason, one line.
@@ -504,14 +586,21 @@ class EmbeddedServer:
                     f"tritonserver exited unexpectedly (exit code {code}) "
                     f"(server log: {self.log_path})"
                 )
-            dead = sorted(set(stubs) - set(self.stub_processes()))
-            if dead:
-                return (
-                    f"Python stub of model instance {', '.join(dead)} died "
-                    "(tritonserver 2.51 neither restarts nor reports it)"
-                )
+            if recovery is not None:
+                for event in recovery.check():
+                    if on_event is not None:
+                        on_event(event)
+            else:
+                dead = sorted(set(stubs) - set(self.stub_processes()))
+                if dead:
+                    return (
+                        f"Python stub of model instance {', '.join(dead)} died "
+                        "(tritonserver 2.51 neither restarts nor reports it)"
+                    )
             if probes and time.monotonic() >= next_probe:
-                report = self.health(probes)
+                given_up = recovery.given_up if recovery is not None else {}
+                report = self.health({m: r for m, r in probes.items() if m not in given_up},
+                                     skip=given_up)
                 failures = 0 if report.healthy else failures + 1
                 next_probe = time.monotonic() + probe_interval_s
                 if failures >= probe_failures:

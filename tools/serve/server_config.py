@@ -79,6 +79,7 @@ class TritonServerConfig:
     metrics_address: str | None = None
     metrics_port: int | None = None
     model_control_mode: str | None = None
+    load_model: tuple[str, ...] = field(default=(), metadata=_REPEATED)
     strict_readiness: bool | None = None
     exit_on_error: bool | None = None
     exit_timeout_secs: int | None = None
