@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-
+from spec_helpers import project_spec, write_spec
 from tools.build_repo import onnx2fused, onnx2int8, quality
 from tools.build_repo.spec import QualitySetSpec, load_spec
 from tools.errors import ExportError, SpecError
@@ -20,14 +19,8 @@ from tools.errors import ExportError, SpecError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _project() -> dict:
-    return yaml.safe_load((ROOT / "repository.yaml").read_text())
-
-
-def _write(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / "repository.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+_project = project_spec
+_write = write_spec
 
 
 def _matmul_graph(path: Path) -> Path:

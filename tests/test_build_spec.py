@@ -12,20 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spec_helpers import project_spec, write_spec
 from tools.build_repo.spec import load_spec, parse_spec, spec_hash
 from tools.errors import SpecError, UserInputError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _project_spec() -> dict:
-    return yaml.safe_load((REPO_ROOT / "repository.yaml").read_text())
-
-
-def _write(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / "repository.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+_project_spec = project_spec
+_write = write_spec
 
 
 def test_project_spec_parses_with_the_contract_models():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
 from pathlib import Path
 
@@ -11,15 +10,7 @@ import pytest
 
 from tools.stats import Record, Window
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_servers.py"
 
-
-@pytest.fixture(scope="module")
-def compare():
-    spec = importlib.util.spec_from_file_location("compare_servers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(latencies_ms, errors=(), seconds=20.0):

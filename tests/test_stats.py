@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,7 @@ from tools.bench.served import served_result
 from tools.loadtest import gate
 from tools.stats import Record, Window
 
-COMPARE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_servers.py"
 
-
-@pytest.fixture(scope="module")
-def compare():
-    spec = importlib.util.spec_from_file_location("compare_servers_stats", COMPARE_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- the percentile method

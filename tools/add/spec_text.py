@@ -99,7 +99,7 @@ def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) 
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
         try:
-            spec = load_spec(Path(temp))
+            load_spec(Path(temp))
         except SpecError as exc:
             raise UserInputError(
                 f"{spec_path}: the entries tools add wrote would make the spec invalid "

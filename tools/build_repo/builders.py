@@ -11,10 +11,8 @@ import json
 import math
 import os
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tools.build_repo import config as cfg
 from tools.build_repo.fingerprints import (
@@ -25,62 +23,17 @@ from tools.build_repo.fingerprints import (
     pytorch_inputs,
     quality_files,
 )
+from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages
 from tools.build_repo.manifest import ModelEntry, fingerprint, matching_artifacts
-from tools.build_repo.progress import BuildProgress
-from tools.build_repo.repository import VERSION, copy_python_backend
-from tools.build_repo.results import ModelKind, ModelResult, StageRecord, StageStatus
-from tools.build_repo.spec import ModelSpec, PipelineSpec, PythonModelSpec, RepoSpec, resolve_reference
 from tools.build_repo.onnx_source import OnnxBuilder
-from tools.build_repo.spec import OnnxModelSpec
+from tools.build_repo.repository import VERSION, copy_python_backend
+from tools.build_repo.results import ModelKind, StageStatus
+from tools.build_repo.spec import ModelSpec, OnnxModelSpec, PipelineSpec, PythonModelSpec, RepoSpec
 from tools.errors import SpecError
 from tools.models.recipes import model_callables, recipe_weights
 
-T = TypeVar("T")
 # The stages a repackage carries over from the build it reuses.
 EXPORT_STAGES = ("load", "export", "parity", "onnx2trt", "parity_trt")
-
-
-class Stages:
-    """Times the stages of one model, records them for the manifest and feeds the display."""
-
-    def __init__(self, result: ModelResult, progress: BuildProgress) -> None:
-        self.result, self.progress = result, progress
-        self.records: dict[str, StageRecord] = {}
-
-    def run(self, stage: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one stage, timing it (also when it fails)."""
-        done = [f"{k} {v:.1f}s" for k, v in self.result.timings.items()]
-        self.progress.stage(self.result.name, stage, done)
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            seconds = round(time.perf_counter() - start, 3)
-            self.result.timings[stage] = seconds
-            self.records[stage] = StageRecord(StageStatus.DONE, seconds)
-
-    def skip(self, stage: str, reason: str) -> None:
-        """A stage that cannot run here (it is reported, not failed)."""
-        self.records[stage] = StageRecord(StageStatus.SKIPPED, reason=reason)
-        self.result.timings.pop(stage, None)
-
-    def reuse(self, stage: str, built_at: str) -> None:
-        """A stage whose artifact is carried over from an earlier build."""
-        self.records[stage] = StageRecord(StageStatus.REUSED, reused_from=built_at)
-
-    def manifest_form(self) -> dict[str, dict[str, Any]]:
-        """The ``stages`` field of the model's manifest entry."""
-        return {name: record.to_dict() for name, record in self.records.items()}
-
-
-@dataclasses.dataclass
-class Plan:
-    """What a model's build depends on: the full key, and (PyTorch) the export key."""
-
-    inputs: dict[str, Any]
-    fingerprint: str
-    export_fingerprint: str | None = None
-    weights_stat: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def _link_or_copy(source: Path, destination: Path) -> None:
@@ -112,14 +65,10 @@ def _parity_figures(entry: ModelEntry) -> dict[str, list[dict[str, Any]]]:
     return {rt: p.get("cases", []) for rt, p in (entry.parity or {}).items()}
 
 
-class PytorchBuilder:
+class PytorchBuilder(SpecEntryBuilder):
     """A PyTorch model: load, export to ONNX, parity, [gpu] TensorRT plan and its parity."""
 
     kind = ModelKind.PYTORCH
-
-    def __init__(self, spec: RepoSpec, model: ModelSpec, target: str, config_text: str) -> None:
-        self.spec, self.model, self.target, self.text = spec, model, target, config_text
-        self.where = f"{spec.path}: model {model.name!r}: "
 
     @property
     def _tensorrt(self) -> bool:
@@ -299,7 +248,7 @@ class PytorchBuilder:
         if self.target == "cpu":
             copy_python_backend(
                 self.spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION, {},
-                self.where.rstrip(": "),
+                self.owner,
             )
 
     def repackage(
@@ -340,14 +289,11 @@ class PytorchBuilder:
         stages.result.note = f"export reused; parity carried over from the build at {built_at}"
 
 
-class PythonBuilder:
+class PythonBuilder(SpecEntryBuilder):
     """A Python-backend model: config, model.py, pipeline_ops and its data files, warmup."""
 
     kind = ModelKind.PYTHON
-
-    def __init__(self, spec: RepoSpec, model: PythonModelSpec, target: str, config_text: str) -> None:
-        self.spec, self.model, self.target, self.text = spec, model, target, config_text
-        self.owner = f"{spec.path}: python model {model.name!r}"
+    label = "python model"
 
     def plan(self, previous: ModelEntry | None) -> Plan:
         """The key of this model."""
@@ -383,17 +329,15 @@ class PythonBuilder:
         entry.backend = model.backend
 
 
-class EnsembleBuilder:
+class EnsembleBuilder(SpecEntryBuilder):
     """A pipeline: the ensemble config and its (empty) version folder."""
 
     kind = ModelKind.ENSEMBLE
-
-    def __init__(self, spec: RepoSpec, pipeline: PipelineSpec, target: str, config_text: str) -> None:
-        self.pipeline, self.target, self.text = pipeline, target, config_text
+    label = "pipeline"
 
     def plan(self, previous: ModelEntry | None) -> Plan:
         """The key of this pipeline."""
-        inputs = ensemble_inputs(self.pipeline, self.target, self.text)
+        inputs = ensemble_inputs(self.model, self.target, self.text)
         return Plan(inputs, fingerprint(inputs))
 
     def reusable_export(self, model_dir: Path, previous: ModelEntry | None, plan: Plan) -> None:

