@@ -7,7 +7,6 @@ bounded in time and requests, on loopback, and the figures are asserted.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import threading
