@@ -23,6 +23,7 @@ _COMMANDS = {
     "bench": "tools.bench.command:bench",
     "deploy": "tools.deploy.command:deploy",
     "add": "tools.add.command:add",
+    "tune": "tools.tune.command:tune",
 }
 
 # Shown by `tools --help` without importing each stage.
@@ -34,6 +35,7 @@ _SHORT_HELP = {
     "bench": "Compare served throughput and latency with the in-process limit.",
     "deploy": "Render Kubernetes manifests (tools deploy k8s) from the spec.",
     "add": "Add a model (Hugging Face folder, vision factory, ONNX file) to the spec.",
+    "tune": "Search instances, threads and batching for the most throughput within P99 target.",
 }
 
 
