@@ -161,16 +161,21 @@ def _write_slo(path: Path, body: str) -> Path:
     return path
 
 
+_TARGETS = "{p99_ms: 10, max_error_ratio: 0, min_throughput_rps: 1}"
+
+
+def _text_embedding_slo(tmp_path: Path, *, load: str, http: str = _TARGETS,
+                        grpc: str = _TARGETS) -> Path:
+    """An SLO file with one cpu scenario, text_embedding, written from its three flow maps."""
+    return _write_slo(tmp_path / "slo.yaml", (
+        "profiles:\n  cpu:\n    scenarios:\n      text_embedding:\n"
+        f"        load: {load}\n        http: {http}\n        grpc: {grpc}\n"
+    ))
+
+
 def test_load_slo_raises_naming_the_field_when_a_target_is_missing(tmp_path: Path):
-    path = _write_slo(tmp_path / "slo.yaml", """
-profiles:
-  cpu:
-    scenarios:
-      text_embedding:
-        load: {users: 2}
-        http: {p99_ms: 10, max_error_ratio: 0}
-        grpc: {p99_ms: 10, max_error_ratio: 0, min_throughput_rps: 1}
-""")
+    path = _text_embedding_slo(tmp_path, load="{users: 2}",
+                               http="{p99_ms: 10, max_error_ratio: 0}")
     with pytest.raises(UserInputError, match=r"text_embedding\.http: missing min_throughput_rps"):
         load_slo(path, "cpu", "text_embedding")
 
@@ -182,15 +187,7 @@ def test_load_slo_raises_when_the_profile_is_unknown(tmp_path: Path):
 
 
 def test_load_slo_raises_when_both_users_and_rate_are_given(tmp_path: Path):
-    path = _write_slo(tmp_path / "slo.yaml", """
-profiles:
-  cpu:
-    scenarios:
-      text_embedding:
-        load: {users: 2, rate: 10}
-        http: {p99_ms: 10, max_error_ratio: 0, min_throughput_rps: 1}
-        grpc: {p99_ms: 10, max_error_ratio: 0, min_throughput_rps: 1}
-""")
+    path = _text_embedding_slo(tmp_path, load="{users: 2, rate: 10}")
     with pytest.raises(UserInputError, match="exactly one of users or rate"):
         load_slo(path, "cpu", "text_embedding")
 

@@ -24,6 +24,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from click.testing import CliRunner
 
+from server_helpers import fake_tritonserver
+from tools import process
 from tools.cli import cli
 
 pytestmark = pytest.mark.server
@@ -32,11 +34,7 @@ TOOLS = [sys.executable, "-m", "tools.cli"]
 FREE_PORTS = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+_alive = process.is_alive
 
 
 def _stubs_of(server_pid: int) -> list[int]:
@@ -398,13 +396,7 @@ def test_background_stops_the_server_when_the_pid_file_cannot_be_written_after_s
     assert not pid_file.exists()
 
 
-def _fake_tritonserver(tmp_path, options: list[str]):
-    binary = tmp_path / "fake-bin" / "tritonserver"
-    binary.parent.mkdir()
-    lines = "\n".join(f"  {o} <string>" for o in options)
-    binary.write_text(f"#!/bin/sh\ncat <<'EOF'\nUsage: tritonserver [options]\n{lines}\nEOF\n")
-    binary.chmod(0o755)
-    return binary
+_fake_tritonserver = fake_tritonserver
 
 
 def test_serve_refuses_a_binary_that_cannot_restrict_the_admin_apis(toy_repository, tmp_path):

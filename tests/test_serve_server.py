@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from server_helpers import fake_tritonserver
 from tools import process
 from tools.errors import ServerError
 from tools.serve.health import health_check
@@ -51,11 +52,7 @@ def _add_model(repo: Path, name: str, source: str, config_extra: str = "") -> No
     (repo / name / "1" / "model.py").write_text(source)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+_alive = process.is_alive
 
 
 def _processes_using(path: Path) -> list[int]:
@@ -300,14 +297,7 @@ def test_backend_directory_of_a_running_server_is_outside_site_packages(
     ).exists()
 
 
-def _fake_tritonserver(tmp_path: Path, options: list[str]) -> Path:
-    """A script whose ``--help`` lists ``options``: what ``command()`` adapts to."""
-    binary = tmp_path / "fake-bin" / "tritonserver"
-    binary.parent.mkdir()
-    lines = "\n".join(f"  {o} <string>" for o in options)
-    binary.write_text(f"#!/bin/sh\ncat <<'EOF'\nUsage: tritonserver [options]\n{lines}\nEOF\n")
-    binary.chmod(0o755)
-    return binary
+_fake_tritonserver = fake_tritonserver
 
 
 _RESTRICTING = ["--http-restricted-api", "--grpc-restricted-protocol"]

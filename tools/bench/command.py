@@ -6,12 +6,11 @@ over gRPC and HTTP at a concurrency sweep, on the same texts; prints the table, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,23 +142,6 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
     plt.close(fig)
 
 
-@contextlib.contextmanager
-def _server(repository: Path, url: str | None, grpc_url: str | None,
-            output: Path) -> Iterator[tuple[str, str]]:
-    if url and grpc_url:
-        yield url, grpc_url
-        return
-    from tools.serve.server import EmbeddedServer
-
-    server = EmbeddedServer(repository, log_path=output / "tritonserver.log", exit_timeout_s=10)
-    click.echo(f"starting the embedded tritonserver on {repository} ...", err=True)
-    server.start(timeout_s=300)
-    try:
-        yield server.http_url, server.grpc_url
-    finally:
-        server.stop()
-
-
 @click.command("bench", cls=ToolCommand)
 @click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
               default=Path("model_repository"), show_default=True,
@@ -237,7 +219,13 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
     setup = setups[0]
 
     served: list[ServedResult] = []
-    with _server(repository, url, grpc_url, output) as (http_url, grpc_endpoint):
+    from tools.serve.server import endpoints
+
+    say = lambda line: click.echo(line, err=True)  # noqa: E731
+    embedded = None if (url and grpc_url) else repository
+    with endpoints(embedded, url, grpc_url, output / "tritonserver.log", say) as (
+        http_url, grpc_endpoint
+    ):
         endpoints = {"grpc": grpc_endpoint, "http": http_url}
         for one in setups:
             for proto in protocols:

@@ -10,7 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from pathlib import Path
+
+from tools.build_repo import config as cfg
 from tools.build_repo.progress import BuildProgress
+from tools.build_repo.repository import VERSION, copy_python_backend
 from tools.build_repo.results import ModelKind, ModelResult, StageRecord, StageStatus
 from tools.build_repo.spec import RepoSpec
 
@@ -77,3 +81,25 @@ class SpecEntryBuilder:
     def owner(self) -> str:
         """``where`` without its trailing separator, for messages that go on with a comma."""
         return self.where.rstrip(": ")
+
+
+def write_onnx_model_files(builder: SpecEntryBuilder, model_dir: Path, sample_fn: Any = None) -> None:
+    """config.pbtxt, warmup files (when ``sample_fn`` is given) and, on cpu, the ONNX runner.
+
+    Shared by every builder whose artifact is an ONNX graph (exported or given as a file).
+    """
+    import numpy as np
+
+    model = builder.model
+    (model_dir / "config.pbtxt").write_text(builder.text)
+    if model.warmup is not None and sample_fn is not None:
+        warm = model_dir / "warmup"
+        warm.mkdir()
+        for batch in model.warmup.batch_sizes:
+            sample = sample_fn(batch, dict(model.warmup.axes))
+            for t in model.inputs:
+                data = np.ascontiguousarray(sample[t.name].numpy().astype(t.numpy_dtype))
+                (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
+    if builder.target == "cpu":
+        copy_python_backend(builder.spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION,
+                            {}, builder.owner)

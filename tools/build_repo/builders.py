@@ -23,7 +23,7 @@ from tools.build_repo.fingerprints import (
     pytorch_inputs,
     quality_files,
 )
-from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages
+from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages, write_onnx_model_files
 from tools.build_repo.manifest import ModelEntry, fingerprint, matching_artifacts
 from tools.build_repo.onnx_source import OnnxBuilder
 from tools.build_repo.repository import VERSION, copy_python_backend
@@ -232,24 +232,9 @@ class PytorchBuilder(SpecEntryBuilder):
         ``warmup=False``: the warmup files were carried over (this skips importing the sample
         module, and with it torch).
         """
-        import numpy as np
-
-        model = self.model
-        _write_config(model_dir, self.text)
-        if model.warmup is not None and warmup:
-            sample_fn = sample_fn or model_callables(self.spec.root, model, self.where)[1]
-            warm = model_dir / "warmup"
-            warm.mkdir()
-            for batch in model.warmup.batch_sizes:
-                sample = sample_fn(batch, dict(model.warmup.axes))
-                for t in model.inputs:
-                    data = np.ascontiguousarray(sample[t.name].numpy().astype(t.numpy_dtype))
-                    (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
-        if self.target == "cpu":
-            copy_python_backend(
-                self.spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION, {},
-                self.owner,
-            )
+        if self.model.warmup is not None and warmup:
+            sample_fn = sample_fn or model_callables(self.spec.root, self.model, self.where)[1]
+        write_onnx_model_files(self, model_dir, sample_fn if warmup else None)
 
     def repackage(
         self, model_dir: Path, previous_dir: Path, files: list[str], previous: ModelEntry,

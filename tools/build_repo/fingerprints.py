@@ -26,12 +26,12 @@ from tools.errors import SpecError
 PACKAGE = Path(__file__).resolve().parent
 # Modules of this package that shape no artifact: the CLI, the display and the result types.
 # Every other module (a new one included) is part of the full key of every model.
-NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py", "builder_base.py"})
+NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py"})
 # Modules that shape config.pbtxt, warmup, backend files or the repository layout but not the
 # exported graph or its parity: left out of the export key.
 PACKAGING_ONLY = frozenset({
     "config.py", "ensemble.py", "repository.py", "manifest.py", "fingerprints.py", "pipeline.py",
-    "drift.py",
+    "drift.py", "builder_base.py",
 })
 EXPORT_TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt")
 # The fields of a ModelSpec that shape the exported graph or its parity check.

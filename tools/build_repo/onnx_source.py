@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from tools.build_repo import config as cfg
-from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages
+from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages, write_onnx_model_files
 from tools.build_repo.fingerprints import builder_sources
 from tools.build_repo.manifest import ModelEntry, fingerprint, module_file, sha256_file, sha256_tree, tool_versions
-from tools.build_repo.repository import VERSION, backend_source, copy_python_backend
+from tools.build_repo.repository import VERSION, backend_source
 from tools.build_repo.results import ModelKind
 from tools.build_repo.spec import OnnxModelSpec, RepoSpec, resolve_reference, spec_hash
 from tools.errors import ModelSourceError, SpecError, UserInputError
@@ -152,18 +152,4 @@ class OnnxBuilder(SpecEntryBuilder):
         return sample_fn
 
     def _write_files(self, model_dir: Path, sample_fn) -> None:
-        import numpy as np
-
-        model = self.model
-        (model_dir / "config.pbtxt").write_text(self.text)
-        if model.warmup is not None and sample_fn is not None:
-            warm = model_dir / "warmup"
-            warm.mkdir()
-            for batch in model.warmup.batch_sizes:
-                sample = sample_fn(batch, dict(model.warmup.axes))
-                for t in model.inputs:
-                    data = np.ascontiguousarray(sample[t.name].numpy().astype(t.numpy_dtype))
-                    (warm / cfg.warmup_file_name(t.name, batch)).write_bytes(data.tobytes())
-        if self.target == "cpu":
-            copy_python_backend(self.spec.backends, cfg.ONNX_RUNNER_BACKEND, model_dir / VERSION,
-                                {}, self.owner)
+        write_onnx_model_files(self, model_dir, sample_fn)

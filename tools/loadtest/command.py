@@ -6,11 +6,10 @@ Each scenario and protocol is one Locust child process under a hard timeout; the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+
 from pathlib import Path
 
 import click
@@ -53,25 +52,6 @@ class _Progress:
             self._stream.write("\n")
             self._stream.flush()
             self._width = 0
-
-
-@contextlib.contextmanager
-def _endpoints(
-    repository: Path | None, url: str | None, grpc_url: str | None, report_dir: Path
-) -> Iterator[tuple[str | None, str | None]]:
-    if repository is None:
-        yield url, grpc_url
-        return
-    from tools.serve.server import EmbeddedServer
-
-    server = EmbeddedServer(repository, log_path=report_dir / "tritonserver.log", exit_timeout_s=10)
-    click.echo(f"starting the embedded tritonserver on {repository} ...", err=True)
-    server.start(timeout_s=300)
-    click.echo(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}", err=True)
-    try:
-        yield server.http_url, server.grpc_url
-    finally:
-        server.stop()
 
 
 def run_loadtests(
@@ -227,7 +207,12 @@ def loadtest(
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
     for scenario in chosen:  # fail on a bad SLO file before starting anything
         load_slo(slo_file, slo_profile, scenario)
-    with _endpoints(repository, url, grpc_url, report_dir) as (http_url, grpc_endpoint):
+    from tools.serve.server import endpoints
+
+    say = lambda line: click.echo(line, err=True)  # noqa: E731
+    with endpoints(repository, url, grpc_url, report_dir / "tritonserver.log", say) as (
+        http_url, grpc_endpoint
+    ):
         results = run_loadtests(
             scenarios=tuple(chosen),
             protocols=protocols,

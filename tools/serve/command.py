@@ -189,6 +189,11 @@ def _serve_until_signal(
         _start(server, start_timeout, probes)
 
 
+def _port_option(kind: str, default: int, what: str):
+    return click.option(f"--{kind}-port", type=click.IntRange(0, 65535), default=default,
+                        show_default=True, help=f"{what} port on 127.0.0.1 (0: a free port).")
+
+
 @click.command("serve", cls=ToolCommand)
 @click.option(
     "--repository",
@@ -197,27 +202,9 @@ def _serve_until_signal(
     show_default=True,
     help="Model repository to serve.",
 )
-@click.option(
-    "--http-port",
-    type=click.IntRange(0, 65535),
-    default=8000,
-    show_default=True,
-    help="HTTP port on 127.0.0.1 (0: a free port).",
-)
-@click.option(
-    "--grpc-port",
-    type=click.IntRange(0, 65535),
-    default=8001,
-    show_default=True,
-    help="gRPC port on 127.0.0.1 (0: a free port).",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    default=8002,
-    show_default=True,
-    help="Prometheus metrics port on 127.0.0.1 (0: a free port).",
-)
+@_port_option("http", 8000, "HTTP")
+@_port_option("grpc", 8001, "gRPC")
+@_port_option("metrics", 8002, "Prometheus metrics")
 @click.option(
     "--binary",
     type=click.Path(path_type=Path, dir_okay=False),

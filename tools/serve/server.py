@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -656,6 +657,39 @@ class EmbeddedServer:
     def __repr__(self) -> str:
         where = self.http_url if self._ports else "not started"
         return f"EmbeddedServer({str(self.model_repository)!r}, {where}, pid={self.pid})"
+
+
+@contextlib.contextmanager
+def endpoints(
+    repository: Path | None, url: str | None, grpc_url: str | None, log_path: Path,
+    say: Callable[[str], None],
+) -> Iterator[tuple[str | None, str | None]]:
+    """``(http, grpc)`` of the running server given by ``url``/``grpc_url``, or of an embedded
+    server started on ``repository`` for the block (when ``repository`` is given)."""
+    if repository is None:
+        yield url, grpc_url
+        return
+    with started_server(repository, log_path, say) as server:
+        yield server.http_url, server.grpc_url
+
+
+@contextlib.contextmanager
+def started_server(
+    repository: Path, log_path: Path, say: Callable[[str], None], timeout_s: float = 300
+) -> Iterator[EmbeddedServer]:
+    """An embedded server on ``repository`` (free ports), ready, stopped on leaving the block.
+
+    For the commands that measure against their own server (``tools loadtest``, ``tools bench``);
+    ``say`` reports start and readiness (e.g. ``click.echo`` to stderr).
+    """
+    server = EmbeddedServer(Path(repository), log_path=log_path, exit_timeout_s=10)
+    say(f"starting the embedded tritonserver on {repository} ...")
+    server.start(timeout_s=timeout_s)
+    say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _default_log_path() -> Path:
