@@ -330,3 +330,15 @@ def test_triton_engine_load_failures_are_explained_with_the_rebuild_command(reas
 
 def test_other_load_failures_get_no_tensorrt_explanation():
     assert trt_guard.explain_engine_failure("Invalid argument: unexpected inference input 'x'") is None
+
+
+def test_the_server_log_reader_adds_the_rebuild_command_to_a_tensorrt_engine_failure():
+    from tools.serve.server_log import failure_causes
+
+    log = ('E1201 10:00:00.000000 1 model_lifecycle.cc:654] "failed to load \'minilm_encoder\' '
+           'version 1: Internal: unable to create TensorRT engine: 6: The engine plan file is not '
+           'compatible with this version of TensorRT, expecting library version 10.11.0.33 got '
+           '10.3.0.26, please rebuild."\n')
+    (cause,) = failure_causes(log)
+    assert cause.startswith("model 'minilm_encoder' version 1 failed to load")
+    assert "serialised by TensorRT 10.3.0.26" in cause and trt_guard.REBUILD_ALL in cause

@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+from tools.serve.trt_guard import explain_engine_failure
+
 
 def _unquote(message: str) -> str:
     try:
@@ -84,7 +86,9 @@ def failure_causes(log_text: str) -> list[str]:
             )
         elif m2 := _MODEL_FAILED.match(message):
             model, version, reason = m2.groups()
-            causes.append(f"model '{model}' version {version} failed to load: {one_line(reason)}")
+            hint = explain_engine_failure(reason)
+            causes.append(f"model '{model}' version {version} failed to load: {one_line(reason)}"
+                          + (f"; {hint}" if hint else ""))
         elif m2 := _POLL_FAILED.match(message):
             model, reason = m2.groups()
             detail = f" ({proto_error})" if proto_error else ""
