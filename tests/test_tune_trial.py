@@ -103,3 +103,46 @@ def test_a_trial_build_that_exports_a_model_again_is_refused(tmp_path, monkeypat
         call()
     assert seen_specs and not seen_specs[0].exists()  # the trial spec is removed after the build
     assert (tmp_path / "trial" / "minilm_encoder" / "config.pbtxt").is_file()
+
+
+def test_a_point_carries_every_models_executed_batch_and_queue_split(monkeypatch):
+    from tools.bench.served import ServedResult
+    from tools.loadtest import triton_stats
+
+    def counters(inferences, executions, queue_ns):
+        durations = dict.fromkeys(triton_stats._DURATIONS, 0)
+        counts = {**durations, "success": inferences, "queue": inferences,
+                  "compute_infer": inferences}
+        ns = {**durations, "queue": queue_ns, "compute_infer": 2 * queue_ns}
+        return triton_stats.ModelCounters(inferences, executions, counts, ns, {})
+
+    snapshots = iter([
+        {"minilm_encoder": counters(10, 10, 0), "text_tokenizer": counters(10, 10, 0)},
+        {"minilm_encoder": counters(110, 30, 100 * 4_000_000),
+         "text_tokenizer": counters(110, 60, 100 * 1_000_000)},
+    ])
+    monkeypatch.setattr(trial_module.triton_stats, "fetch_statistics",
+                        lambda url, protocol="http": next(snapshots))
+
+    def fake_served(protocol, url, stats_url, texts, concurrency, **kwargs):
+        import time
+
+        time.sleep(kwargs["warmup_s"] + 0.05)  # the warm-up snapshot is taken meanwhile
+        return ServedResult(protocol, concurrency, 100, 0, 4.0, 25.0, 80.0, 300.0, 5.0, 4.0, 8.0)
+
+    monkeypatch.setattr(trial_module, "measure_served", fake_served)
+    plan = LoadPlan("grpc", (8,), 0.05, 4.0, p99_ms=600.0, max_error_ratio=0.0)
+    point = trial_module.measure_point(plan, "u", "s", ["a"], 8, "text_embedding", "minilm_encoder")
+    assert point.within_target and point.throughput == 25.0
+    assert point.models["minilm_encoder"]["mean_batch"] == 5.0
+    assert point.models["minilm_encoder"]["queue_ms"] == 4.0
+    assert point.models["text_tokenizer"]["mean_batch"] == 2.0
+
+
+def test_only_models_whose_knobs_changed_are_reloaded():
+    from tools.tune.servers import changed_models
+
+    before = {"a": ModelKnobs(1, 2, 0), "b": ModelKnobs(1, None, 0)}
+    after = {"a": ModelKnobs(1, 2, 0), "b": ModelKnobs(2, None, 0)}
+    assert changed_models(before, after) == ["b"]
+    assert changed_models(None, after) == ["a", "b"]

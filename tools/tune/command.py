@@ -16,7 +16,13 @@ from tools.build_repo.spec import ModelSpec, load_spec, parse_spec
 from tools.command import ToolCommand
 from tools.errors import SpecError, UserInputError
 from tools.loadtest.slo import load_slo
-from tools.tune.knobs import KnobSpace, pipeline_models, start_settings, with_overrides
+from tools.tune.knobs import (
+    KnobSpace,
+    pipeline_models,
+    settings_to_dict,
+    start_settings,
+    with_overrides,
+)
 from tools.tune.results import (
     PATCH_NAME,
     PLOT_NAME,
@@ -150,6 +156,7 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
     header = {
         "scenario": scenario, "profile": profile, "spec": str(spec.path),
         "target": {"p99_ms": plan.p99_ms, "max_error_ratio": plan.max_error_ratio},
+        "start": settings_to_dict(start), "spec_settings": settings_to_dict(spec_settings),
         "machine": {"cpus": os.cpu_count(), "cpu_cores_in_spec": spec.cpu_cores,
                     "platform": platform.platform()},
         "search": {"method": "coordinate descent", "min_gain": min_gain,
