@@ -126,7 +126,10 @@ def test_command_binds_every_endpoint_to_loopback_with_strict_configs_and_closed
     for kind in ("http", "grpc", "metrics"):
         assert options[f"--{kind}-address"] == LOOPBACK
         assert int(options[f"--{kind}-port"]) > 0
-    assert options["--model-control-mode"] == "none"
+    # Explicit model control only so tools serve can reload a model whose stub died: every model
+    # is loaded at start, and the model-repository API stays behind the per-start admin key.
+    assert options["--model-control-mode"] == "explicit" and "--load-model=*" in cmd
+    assert "model-repository" in RESTRICTED_APIS
     assert "--disable-auto-complete-config" in cmd or options["--strict-model-config"] == "true"
     for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
         apis = options[flag].split(":", 1)[0].split(",")
