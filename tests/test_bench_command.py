@@ -123,12 +123,16 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
     report = json.loads((out / "bench.json").read_text())
     assert {(r["variant"].split(",")[1].strip(), r["batch_size"]) for r in report["in_process"]} >= {
         ("pad to longest", 1), ("pad to longest", 4)}
-    assert {(s["protocol"], s["concurrency"]) for s in report["served"]} == {
-        ("grpc", 1), ("grpc", 4), ("http", 1), ("http", 4)}
+    pipelines = ("text_embedding", "text_embedding_int8")
+    assert {(s["pipeline"], s["protocol"], s["concurrency"]) for s in report["served"]} == {
+        (p, proto, c) for p in pipelines for proto in ("grpc", "http") for c in (1, 4)}
     assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
-    best = max(r["throughput"] for r in report["in_process"])
-    top = max(s["throughput"] for s in report["served"])
-    assert report["best_ratio"] == pytest.approx(top / best)
+    for pipeline in pipelines:  # each against its own in-process limit
+        best = max(r["throughput"] for r in report["in_process"] if r["pipeline"] == pipeline)
+        top = max(s["throughput"] for s in report["served"] if s["pipeline"] == pipeline)
+        assert report["pipelines"][pipeline]["best_ratio"] == pytest.approx(top / best)
+    assert report["best_ratio"] == report["pipelines"]["text_embedding"]["best_ratio"]
+    assert report["pipelines"]["text_embedding_int8"]["onnx_file"] == "model.int8.onnx"
     assert report["served"][0]["encoder_mean_batch"] == pytest.approx(1.0, abs=0.05)
     assert (out / "bench.png").stat().st_size > 10_000
     assert "best served / limit" in result.output
