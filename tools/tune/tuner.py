@@ -12,12 +12,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tools.errors import ServerError, ToolkitError, UserInputError
+import yaml
+
+from tools.build_repo.spec import parse_spec
+from tools.errors import BuildError, ServerError, ToolkitError, UserInputError
 from tools.tune.knobs import KnobSpace, ModelKnobs, Settings
 from tools.tune.results import Trial
 from tools.tune.search import BudgetExhausted, Score, SearchOutcome, coordinate_descent
 from tools.tune.servers import changed_models
-from tools.tune.trial import LoadPlan, build_trial, climb, measure_point, snapshot_baseline
+from tools.tune.trial import (
+    LoadPlan,
+    build_trial,
+    check_baseline,
+    climb,
+    measure_point,
+    snapshot_baseline,
+)
 
 # A trial's build, server start and model load before its first point (measured ones replace it).
 SETUP_ESTIMATE_S = 25.0
@@ -209,6 +219,11 @@ class TrialRunnerImpl:
         if self._snapshot is None:
             shutil.rmtree(self.work, ignore_errors=True)  # left by a run that was killed
             self._snapshot = snapshot_baseline(self.baseline, self.work / "baseline", members)
+        try:  # the build code may have changed since the run started: refuse, never export
+            spec = parse_spec(yaml.safe_load(self.spec_text), self.spec_path)
+            check_baseline(spec, self._snapshot, members, self.target)
+        except UserInputError as exc:
+            raise BuildError(f"trial {trial_id} would export again, not repackage: {exc}") from exc
         result = build_trial(self.spec_path, self.spec_text, self.spec_settings, settings,
                              self._snapshot, self._folder, members, self.target)
         build = {m.name: str(m.status) for m in result.models}
