@@ -19,7 +19,9 @@ SPEC = REPO_ROOT / "repository.yaml"
 MODELS = ["text_tokenizer", "minilm_encoder", "text_embedding"]
 
 
+@pytest.mark.torch
 @pytest.mark.server
+@pytest.mark.timeout(300)
 def test_a_trial_repackages_serves_and_measures_the_pipeline_end_to_end(tmp_path):
     baseline = tmp_path / "baseline"
     build_repository(SPEC, baseline, target="cpu", only=MODELS, progress=False)

@@ -44,7 +44,8 @@ class FakeTrials:
             raise ServerError("the embedded tritonserver exited (code -9) during the trial")
         enc = settings["minilm_encoder"]
         rps = 30.0 * enc.cores() + enc.max_queue_delay_microseconds / 200.0
-        return [_point(4, rps * 0.8, self.p99 / 2), _point(8, rps, self.p99)], {"minilm_encoder": "repackaged"}
+        points = [_point(4, rps * 0.8, self.p99 / 2), _point(8, rps, self.p99)]
+        return points, {"minilm_encoder": "repackaged"}
 
 
 class Clock:

@@ -45,7 +45,8 @@ def _levels(value: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise UserInputError(f"--concurrency: expected comma-separated integers, got {value!r}") from None
+        raise UserInputError(
+            f"--concurrency: expected comma-separated integers, got {value!r}") from None
     if not levels or min(levels) < 1 or list(levels) != sorted(set(levels)):
         raise UserInputError(f"--concurrency: expected ascending integers >= 1, got {value!r}")
     return levels

@@ -141,7 +141,8 @@ def with_overrides(settings: Mapping[str, ModelKnobs], overrides: Iterable[str],
             raise UserInputError(f"--start {item!r}: {model!r} is not a model of the pipeline "
                                  f"(has: {', '.join(out)})")
         if knob not in KNOBS:
-            raise UserInputError(f"--start {item!r}: unknown knob {knob!r} (knobs: {', '.join(KNOBS)})")
+            raise UserInputError(
+                f"--start {item!r}: unknown knob {knob!r} (knobs: {', '.join(KNOBS)})")
         current = out[model]
         if getattr(current, knob) is None:
             raise UserInputError(f"--start {item!r}: model {model!r} has no {knob}")

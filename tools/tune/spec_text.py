@@ -131,8 +131,8 @@ def apply_settings(text: str, settings: Mapping[str, ModelKnobs],
     """``text`` (a repository.yaml) with every knob of ``settings`` written in.
 
     Knobs equal in ``current`` (the spec's own values, defaults included) or to what the text
-    already holds are left untouched, so the diff shows only what changes. One key at a time is edited and the text recomposed, so inserted keys
-    become the siblings of later ones.
+    already holds are left untouched, so the diff shows only what changes. One key at a time is
+    edited and the text recomposed, so inserted keys become the siblings of later ones.
 
     Raises:
         SpecEditError: the text cannot be edited there, or reads back different.

@@ -1,7 +1,7 @@
 """One trial: repackage the spec with the trial's knobs into a trial folder, then load it.
 
 The build is ``tools build-repo``'s own (repackage only: the exports of the baseline folder are
-reused); the load is ``tools bench``'s closed loop at increasing concurrency, summarised by ``tools.stats``.
+reused); the load is ``tools bench``'s closed loop at increasing concurrency (``tools.stats``).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def build_trial(spec_path: Path, spec_text: str, start: Mapping[str, ModelKnobs]
     trial_spec.write_text(apply_settings(spec_text, settings, start, target), encoding="utf-8")
     try:
         # The build's summary table would repeat for every trial; results.json keeps the statuses.
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             result = build_repository(trial_spec, folder, target=target, only=list(models),
                                       progress=False)
     finally:

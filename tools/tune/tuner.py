@@ -205,7 +205,8 @@ class TrialRunnerImpl:
         self._folder: Path | None = None
         self._snapshot: Path | None = None
 
-    def __call__(self, settings: Settings, trial_id: int) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    def __call__(self, settings: Settings,
+                 trial_id: int) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """Build, serve and load one trial; its points and each model's build status."""
         what = " | ".join(f"{m} {k.short()}" for m, k in settings.items())
         self.echo(f"trial {trial_id}: {what}")
