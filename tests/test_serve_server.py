@@ -192,12 +192,16 @@ def test_start_recognises_a_port_in_use_from_the_server_log(
 ):
     first = server_factory(toy_repository)
     taken = first.http_url.rsplit(":", 1)[1]
+    regions_before = {p.name for p in Path("/dev/shm").glob(f"{process.SHM_PREFIX}*")}
 
     # the extra option overrides the (free) HTTP port the pre-check saw
     with pytest.raises(ServerError) as info:
         server_factory(toy_repository, extra_args=[f"--http-port={taken}"])
 
     assert f"port {taken} (HTTP) is already in use on {LOOPBACK}" in str(info.value)
+    # it loaded the models before failing to bind: their stubs' shared memory is removed too
+    regions_after = {p.name for p in Path("/dev/shm").glob(f"{process.SHM_PREFIX}*")}
+    assert regions_after <= regions_before
 
 
 def test_start_raises_naming_pending_models_when_loading_exceeds_the_timeout(

@@ -619,8 +619,10 @@ class EmbeddedServer:
         """
         if self._proc is None:
             return
-        if self._proc.poll() is None:  # once reaped, its pid may name another process
-            self._shm_regions |= process.stub_shm_regions(self._proc.pid)
+        # Also once tritonserver has exited (e.g. it loaded the models, then failed to bind a
+        # port): its stubs stay in its process group until killed, and only they name their
+        # regions. Only Python-backend stub processes are read, so a reused pid is harmless.
+        self._shm_regions |= process.stub_shm_regions(self._proc.pid)
         try:
             survivors = process.stop(self._proc, self.exit_timeout_s + STOP_GRACE_S)
         finally:
