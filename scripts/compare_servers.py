@@ -117,20 +117,8 @@ def summarise(server: str, protocol: str, concurrency: int, records: Sequence[st
     """
     if window.length_s <= 0:
         raise ValueError(f"{server} {protocol}: measured window of {window.length_s} s")
-    summary = stats.summarize(records, window)
-    latency = summary.latency
-    return RunResult(
-        server=server,
-        protocol=protocol,
-        concurrency=concurrency,
-        requests=summary.ok,
-        errors=summary.errors,
-        seconds=window.length_s,
-        throughput=summary.throughput_rps,
-        p50_ms=latency.p50_ms if latency else None,
-        p99_ms=latency.p99_ms if latency else None,
-        first_error=summary.first_error,
-    )
+    figures = stats.summarize(records, window).point_figures()
+    return RunResult(server=server, protocol=protocol, concurrency=concurrency, **figures)
 
 
 def add_ratios(results: Sequence[RunResult]) -> RunResult | None:

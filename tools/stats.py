@@ -185,6 +185,16 @@ class Summary:
     in_flight_ages_ms: tuple[float, ...] = ()
     ok_latencies_ms: tuple[float, ...] = ()
 
+    def point_figures(self) -> dict[str, object]:
+        """The figures every load report prints for one point: requests (successful), errors,
+        seconds, throughput, P50/P99 (None without a success) and the first error."""
+        latency = self.latency
+        return {"requests": self.ok, "errors": self.errors, "seconds": self.window.length_s,
+                "throughput": self.throughput_rps,
+                "p50_ms": latency.p50_ms if latency else None,
+                "p99_ms": latency.p99_ms if latency else None,
+                "first_error": self.first_error}
+
     def tail_lower_bound(self, pct: float) -> float | None:
         """A lower bound of the ``pct`` percentile over every request started in the window.
 

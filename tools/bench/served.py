@@ -131,22 +131,14 @@ def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed
         encoder: Triton's view of the encoder over the window, if known.
         pipeline: The pipeline measured.
     """
-    summary = stats.summarize(records, window)
-    latency = summary.latency
     return ServedResult(
         protocol=protocol,
         concurrency=concurrency,
-        requests=summary.ok,
-        errors=summary.errors,
-        seconds=window.length_s,
-        throughput=summary.throughput_rps,
-        p50_ms=latency.p50_ms if latency else None,
-        p99_ms=latency.p99_ms if latency else None,
         encoder_mean_batch=encoder.mean_batch if encoder else None,
         encoder_queue_ms=encoder.queue_ms if encoder else None,
         encoder_compute_ms=encoder.compute_ms if encoder else None,
-        first_error=summary.first_error,
         pipeline=pipeline,
+        **stats.summarize(records, window).point_figures(),
     )
 
 

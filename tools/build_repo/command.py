@@ -13,7 +13,6 @@ import click
 from tools.command import ToolCommand
 from tools.build_repo.drift import check_repository
 from tools.build_repo.pipeline import build_repository
-from tools.build_repo.results import BuildResult, ModelResult  # noqa: F401 - re-exported API
 from tools.build_repo.spec import TARGETS
 from tools.errors import ConfigError
 
