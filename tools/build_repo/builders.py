@@ -149,7 +149,7 @@ class PytorchBuilder(SpecEntryBuilder):
         entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,
                                         "cases": result.parity["onnxruntime"]}}
         if target == "cpu" and model.cpu.optimize != "none":
-            self._optimize(onnx_path, output, stages, entry, torch_model, sample_fn)
+            self._optimize(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
 
         if self._tensorrt:
             plan_path = version_dir / cfg.PLAN_FILE
@@ -178,9 +178,12 @@ class PytorchBuilder(SpecEntryBuilder):
         stages.run("write", self._write_files, model_dir, sample_fn)
         self._describe(entry)
 
-    def _optimize(self, onnx_path: Path, output: Path, stages: Stages, entry: ModelEntry,
-                  torch_model: Any, sample_fn: Any) -> None:
-        """cpu target: fuse (parity against PyTorch), then int8 (the quality gate)."""
+    def _optimize(self, onnx_path: Path, fp32_runner: Any, output: Path, stages: Stages,
+                  entry: ModelEntry, torch_model: Any, sample_fn: Any) -> None:
+        """cpu target: fuse (parity against PyTorch), then int8 (the quality gate).
+
+        ``fp32_runner`` is the exported graph's session of the parity stage, the gate's reference.
+        """
         from tools.build_repo import onnx2fused, onnx2int8, quality
         from tools.build_repo.parity import check_parity, figures_to_manifest, onnxruntime_runner
         from tools.build_repo.spec import resolve_file
@@ -210,7 +213,7 @@ class PytorchBuilder(SpecEntryBuilder):
                 "quality", quality.check_embedding_quality, model, gate,
                 quality.read_texts(resolve_file(gate.texts, spec.root, where)),
                 resolve_file(gate.tokenizer, spec.root, where),
-                onnxruntime_runner(str(onnx_path), threads=spec.cpu_cores),
+                fp32_runner,
                 onnxruntime_runner(str(int8_path), threads=spec.cpu_cores),
             )
             record["quantize"] = quantized.to_dict()
