@@ -25,9 +25,9 @@ from tools.serve.server import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = shutil.which("prometheus")
-# 12x the SLO load of 8 users: at 48 the signal sat at the target (24.4-32.9 ms over runs), and
-# the test must see it clearly above.
-LOAD_S, LOAD_MAX_REQUESTS, USERS = 45.0, 30_000, 96
+# 9x the SLO load of 8 users: at 48 the signal sat at the target (24.4-32.9 ms over runs) and the
+# test must see it clearly above; at 96 a request outlived the encoder's 1 s queue timeout.
+LOAD_S, LOAD_MAX_REQUESTS, USERS = 45.0, 30_000, 72
 IDLE_WAIT_S = 120.0  # the rate window (1m) plus scrape and evaluation delays
 CURRENT_REPLICAS = 2  # the HPA's minReplicas
 
