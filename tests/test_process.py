@@ -213,7 +213,8 @@ def test_stub_processes_names_the_model_instance_each_python_stub_serves(tmp_pat
     proc = process.start(["bash", "-c", f"{script} & sleep 60 & wait"])
     started.append(proc)
     deadline = time.monotonic() + 20
-    while len(process.stub_processes(proc.pid)) < 2:
+    # both stubs and the plain `sleep` (not a stub) must have been forked before we look
+    while len(process.stub_processes(proc.pid)) < 2 or len(process.family(proc.pid)) < 3:
         assert time.monotonic() < deadline, process.family(proc.pid)
         time.sleep(0.05)
 
