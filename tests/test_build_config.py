@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tools.build_repo.command import build_repo
 from tools.build_repo.drift import check_repository
+from tools.build_repo import config as cfg
 from tools.build_repo.config import (
     TensorConfig,
     TritonModelConfig,
@@ -145,11 +146,11 @@ def test_check_passes_when_committed_configs_match_the_spec(tmp_path):
 def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
     output = _committed(tmp_path)
     path = output / "minilm_encoder" / "config.pbtxt"
-    path.write_text(path.read_text().replace("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 9"))
+    path.write_text(path.read_text().replace("max_queue_size: 128", "max_queue_size: 9"))
     result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
     assert result.exit_code != 0
-    assert "-  max_queue_delay_microseconds: 9" in result.output
-    assert "+  max_queue_delay_microseconds: 2000" in result.output
+    assert "-    max_queue_size: 9" in result.output
+    assert "+    max_queue_size: 128" in result.output
 
 
 def test_check_reports_a_missing_config(tmp_path):
@@ -208,3 +209,20 @@ def test_spec_refuses_cpu_instances_for_a_tensorrt_plan_naming_the_field(tmp_pat
     message = str(info.value)
     assert "model 'minilm_encoder'" in message and "instances.gpu.kind" in message
     assert "onnxruntime" in message
+
+
+def test_a_lone_instance_behind_a_bounded_queue_gets_a_note_and_the_shipped_spec_none(tmp_path):
+    shipped = load_spec(SPEC)
+    assert cfg.queue_stall_advisories(render_all(shipped, "cpu"), [m.name for m in shipped.models]) == []
+    assert cfg.queue_stall_advisories(render_all(shipped, "gpu"), [m.name for m in shipped.models]) == []
+
+    text = SPEC.read_text()
+    start = text.index("  efficientnet_lite0:")
+    lone = text[:start] + text[start:].replace("cpu: {count: 2, intra_op_threads: 1}",
+                                              "cpu: {count: 1, intra_op_threads: 2}", 1)
+    shutil.copytree(SPEC.parent / "backends", tmp_path / "backends")
+    (tmp_path / "repository.yaml").write_text(lone)
+    spec = load_spec(tmp_path / "repository.yaml")
+    notes = cfg.queue_stall_advisories(render_all(spec, "cpu"), [m.name for m in spec.models])
+    assert len(notes) == 1 and notes[0].startswith("efficientnet_lite0: one instance with max_queue_size 64")
+    assert "idle for up to 500 ms" in notes[0]

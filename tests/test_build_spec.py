@@ -123,12 +123,12 @@ def _messages(tmp_path: Path, data: dict) -> list[str]:
 def test_spec_reports_every_problem_of_the_file_at_once_one_line_each(tmp_path):
     data = _project_spec()
     data["models"]["minilm_encoder"]["opset"] = 9
-    data["models"]["efficientnet_lite0"]["instances"]["cpu"]["count"] = 4  # 4 x 2 threads > 2 cores
+    data["models"]["efficientnet_lite0"]["instances"]["cpu"]["count"] = 4  # 4 x 1 thread > 2 cores
     data["python_models"]["text_tokenizer"]["max_batch_size"] = 0
     data["pipelines"]["text_embedding"]["stepz"] = data["pipelines"]["text_embedding"].pop("steps")
     assert _messages(tmp_path, data) == [
         "model 'minilm_encoder': field 'opset' must be >= 13, got 9",
-        "model 'efficientnet_lite0': field 'instances.cpu' count 4 x intra_op_threads 2 exceeds "
+        "model 'efficientnet_lite0': field 'instances.cpu' count 4 x intra_op_threads 1 exceeds "
         "cpu_cores 2: threads would contend for the cores",
         "python model 'text_tokenizer': field 'max_batch_size' must be positive, got 0",
         "pipeline 'text_embedding': field 'steps' is required",
@@ -329,7 +329,10 @@ def test_spec_fills_in_the_defaults_the_builder_reads():
     assert spec.backends == REPO_ROOT / "backends" / "python"
     tokenizer = spec.find("text_tokenizer")
     assert tokenizer.instances.gpu.kind == "cpu" and tokenizer.instances.cpu.intra_op_threads == 1
-    assert tokenizer.parameters == (("tokenizer_file", "tokenizer.json"), ("max_length", "256"))
+    assert tokenizer.parameters == (
+        ("tokenizer_file", "tokenizer.json"), ("max_length", "256"),
+        ("admission_models", "minilm_encoder,minilm_encoder_int8"), ("admission_max_pending", "64"),
+    )
     image = spec.find("efficientnet_lite0")
     assert image.instances.gpu.kind == "gpu"
     assert image.warmup.axes == () and image.warmup.count == 1

@@ -160,7 +160,7 @@ def test_a_new_spec_gets_a_new_configmap_name_so_it_rolls_out(tmp_path):
     shutil.copytree(ROOT / "backends", tmp_path / "backends")
     spec.write_text(SPEC.read_text())
     render_k8s(spec, "cpu", tmp_path / "a")
-    spec.write_text(SPEC.read_text().replace("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 1000", 1))
+    spec.write_text(SPEC.read_text().replace("max_queue_size: 128", "max_queue_size: 100", 1))
     render_k8s(spec, "cpu", tmp_path / "b")
     names = [_objects(tmp_path / x)["Deployment/triton-forge"]["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"] for x in "ab"]
     assert names[0] != names[1]
@@ -176,20 +176,20 @@ def _spec_with(tmp_path: Path, old: str, new: str) -> Path:
 
 
 def test_instances_needing_more_cores_than_a_replica_has_name_the_model(tmp_path):
-    with pytest.raises(ResourceError, match=r"model 'minilm_encoder': instances.cpu count 1 x intra_op_threads 2 = 2 cores.*1 cores"):
+    with pytest.raises(ResourceError, match=r"model 'minilm_encoder': instances.cpu count 2 x intra_op_threads 1 = 2 cores.*1 cores"):
         render_k8s(SPEC, "cpu", tmp_path / "out", cpu=1)
     assert not (tmp_path / "out").exists()
 
 
 def test_gpu_instances_on_an_index_beyond_the_replica_gpus_name_the_models(tmp_path):
-    spec = _spec_with(tmp_path, "gpu: {count: 1, gpus: [0]}", "gpu: {count: 1, gpus: [1]}")
+    spec = _spec_with(tmp_path, "gpu: {count: 2, gpus: [0]}", "gpu: {count: 2, gpus: [1]}")
     with pytest.raises(ResourceError, match=r"models \['minilm_encoder'\]: instances.gpu.gpus use GPU \[1\].*1 GPU"):
         render_k8s(spec, "gpu", tmp_path / "out", gpus=1)
     assert not (tmp_path / "out").exists()
 
 
 def test_memory_below_the_computed_need_is_refused_with_the_breakdown(tmp_path):
-    with pytest.raises(ResourceError, match=r"--memory 512 MiB is below .* \d+ MiB \(tritonserver 256, minilm_encoder x1"):
+    with pytest.raises(ResourceError, match=r"--memory 512 MiB is below .* \d+ MiB \(tritonserver 256, minilm_encoder x2"):
         render_k8s(SPEC, "cpu", tmp_path / "out", memory_mib=512)
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from pipeline_ops import text, topk, triton_io
-from pipeline_ops.errors import ConfigurationError, InvalidInput
+from pipeline_ops.errors import ConfigurationError, InvalidInput, Overloaded
 
 
 class _Tensor:
@@ -26,6 +26,7 @@ class _Tensor:
 class _Error:
     INVALID_ARG = "INVALID_ARG"
     INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
 
     def __init__(self, message, code):
         self.message, self.code = message, code
@@ -77,6 +78,12 @@ def test_responses_turn_a_failure_of_the_model_into_that_requests_internal_error
     answers = triton_io.responses(_pb_utils([]), [{"Y": np.zeros((1, 3))}, failure])
     assert answers[0].error is None
     assert answers[1].error.code == "INTERNAL" and "ONNX Runtime failed" in answers[1].error.message
+
+
+def test_responses_turn_a_refusal_at_admission_into_that_requests_unavailable_error_only():
+    answers = triton_io.responses(_pb_utils([]), [{"Y": np.zeros((1, 3))}, Overloaded("overloaded")])
+    assert answers[0].error is None
+    assert answers[1].error.code == "UNAVAILABLE" and answers[1].error.message == "overloaded"
 
 
 def test_responses_name_the_exception_type_when_its_message_is_empty():

@@ -7,14 +7,17 @@ bounded in time and requests, on loopback, and the figures are asserted.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from loadtests.scenarios import load_texts
 from tools import process
 from tools.serve import faults
 from tools.stats import Window, latency_summary, summarize
@@ -22,14 +25,14 @@ from tools.stats import Window, latency_summary, summarize
 pytestmark = [pytest.mark.reliability, pytest.mark.server]
 
 TOY = Path(__file__).parent / "fixtures" / "toy_repository"
-DELAY_MS = 50.0  # toy_slow's execution time per batch: capacity ~ 8 per 50 ms, ~160 req/s
+DELAY_MS = 50.0  # toy_slow's execution time per batch: capacity ~ 2 x 8 per 50 ms, ~320 req/s
 _SLOW = """name: "toy_slow"
 backend: "python"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
         { name: "DELAY_MS" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
 dynamic_batching {
   max_queue_delay_microseconds: 1000
   default_queue_policy { max_queue_size: 16 default_timeout_microseconds: 500000
@@ -86,35 +89,83 @@ def _post(url: str, body: bytes, timeout_s: float = 60.0) -> tuple[int, str]:
     return int(head.split()[1]), rest.decode(errors="replace")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 item 2 not done: at 4x offered load the toy "
-                   "queue-bound model accepted 32 req/s vs 90 at capacity (README, reliability)")
 def test_overload_keeps_its_goodput_and_rejects_fast_with_a_bounded_accepted_p99(
     server_factory, repository
 ):
+    # Two instances: with one, Triton 2.51's batcher misses the wake-up of an instance that
+    # finishes while the queue is full and leaves it idle for up to 500 ms (goodput 0.35-0.45
+    # here; README, Reliability under faults); `tools build-repo` notes such configs.
     server = server_factory(repository)
     body = [_double(DELAY_MS)]
     closed = faults.HttpLoad(server.http_url, "toy_slow", body, timeout_s=5)
     start = time.monotonic()
-    closed.run(users=8, duration_s=5)
+    closed.run(users=16, duration_s=5)
     capacity = summarize(closed.records, Window(start + 1, start + 5))
     capacity_rps = capacity.ok / capacity.window.length_s
 
     offered = 4 * capacity_rps
     opened = faults.HttpLoad(server.http_url, "toy_slow", body, timeout_s=5)
     start = time.monotonic()
-    opened.run(rate=offered, duration_s=6, connections=128)
+    opened.run(rate=offered, duration_s=6, connections=256)
     over = summarize(opened.records, Window(start + 1, start + 6))
     goodput_rps = over.ok / over.window.length_s
     rejected = [r.latency_ms for r in opened.records if not r.ok]
 
     # at capacity a shared 2-core machine may let a few requests pass the 500 ms queue timeout
-    assert capacity.errors <= 0.05 * capacity.count and capacity_rps > 60, capacity
+    assert capacity.errors <= 0.05 * capacity.count and capacity_rps > 120, capacity
     assert goodput_rps >= 0.8 * capacity_rps, (goodput_rps, capacity_rps)
-    # queue policy: 16 queued (two batches of 8) + one executing, each batch 50 ms, 500 ms max
+    # queue policy: 16 queued (two batches of 8) + two executing, each batch 50 ms, 500 ms max
     assert over.latency.p99_ms <= 500 + 2 * DELAY_MS + 150, over.latency
     assert rejected and all("HTTP 503" in r.error for r in opened.records if not r.ok)
     assert latency_summary(rejected).p50_ms < 50, "a full queue answers at once"
     assert max(r.latency_ms for r in opened.records) < 5000, "no request reaches the client timeout"
+
+
+def _failures_by_reason(server, model: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+    prefix = f'nv_inference_request_failure{{model="{model}",reason="'
+    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
+def test_text_overload_is_refused_before_tokenizing_and_the_encoder_keeps_its_goodput(
+    triton_server,
+):
+    texts = [{"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [t]}]}
+             for t in load_texts()[:200]]
+    closed = faults.HttpLoad(triton_server.http_url, "text_embedding", texts, timeout_s=10)
+    start = time.monotonic()
+    closed.run(users=32, duration_s=7)
+    capacity = summarize(closed.records, Window(start + 2, start + 7))
+    capacity_rps = capacity.ok / capacity.window.length_s
+    encoder_before = _failures_by_reason(triton_server, "minilm_encoder")
+
+    opened = faults.HttpLoad(triton_server.http_url, "text_embedding", texts, timeout_s=10)
+    roles = faults.roles(triton_server.pid, os.getpid())
+    before = {k: faults.sample(v) for k, v in roles.items()}
+    start = time.monotonic()
+    opened.run(rate=4 * capacity_rps, duration_s=7, connections=256)
+    cores = faults.cpu_share(before, {k: faults.sample(v) for k, v in roles.items()},
+                             time.monotonic() - start)
+    over = summarize(opened.records, Window(start + 2, start + 7))
+    goodput_rps = over.ok / over.window.length_s
+    refused = [r for r in opened.records if not r.ok]
+
+    assert capacity.errors == 0 and capacity_rps > 40, (capacity.error_kinds, capacity_rps)
+    by_gate = [r for r in refused if "overloaded: minilm_encoder" in r.error]
+    encoder_refused = (_failures_by_reason(triton_server, "minilm_encoder").get("REJECTED", 0)
+                       - encoder_before.get("REJECTED", 0))
+    assert refused and all("HTTP 503" in r.error for r in refused), {r.error for r in refused}
+    # the tokenizer's gate refuses the excess before tokenizing it; the encoder's own queue
+    # (max_queue_size 128 over the gate's 64) takes only bursts between two readings
+    assert len(by_gate) >= 0.9 * len(refused), (len(by_gate), len(refused))
+    assert encoder_refused <= 0.1 * len(refused), (encoder_refused, len(refused))
+    assert latency_summary([r.latency_ms for r in refused]).p50_ms < 100, "refused at once"
+    # scripts/reliability_soak.py measured 0.78-0.82 here (README); 7 s runs inside the test
+    # session measured 0.63-0.69, against 0.48-0.55 before the gate and two encoder instances
+    assert goodput_rps >= 0.6 * capacity_rps, (goodput_rps, capacity_rps, cores)
+    # accepted P99 within the encoder's queue policy (1 s timeout) plus execution
+    assert over.latency.p99_ms < 2000, over.latency
 
 
 def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(server_factory, repository):

@@ -29,13 +29,13 @@ def test_a_trial_repackages_serves_and_measures_the_pipeline_end_to_end(tmp_path
         "tune", "--scenario", "text_embedding", "--protocol", "http", "--spec", str(SPEC),
         "--repository", str(baseline), "--output", str(tmp_path / "out"), "--budget-minutes", "0.5",
         "--concurrency", "2", "--warmup", "1", "--duration", "3",
-        "--start", "minilm_encoder.max_queue_delay_microseconds=0",
+        "--start", "minilm_encoder.max_queue_delay_microseconds=1000",
     ])
     assert result.exit_code == 0, result.output
     folder = tmp_path / "out" / "text_embedding"
     data = json.loads((folder / "results.json").read_text())
     first = data["trials"][0]
-    assert first["settings"]["minilm_encoder"]["max_queue_delay_microseconds"] == 0
+    assert first["settings"]["minilm_encoder"]["max_queue_delay_microseconds"] == 1000
     assert first["build"]["minilm_encoder"] == "repackaged"
     point = first["points"][0]
     assert point["requests"] > 0 and point["p99_ms"] > 0

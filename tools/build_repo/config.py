@@ -349,3 +349,33 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
         warmups=tuple(warmups),
         version_latest=model.version_policy_latest,
     )
+
+
+# Triton 2.51's dynamic batcher (core src/dynamic_batch_scheduler.cc, WaitForPayloadSlotAvailable)
+# waits up to 500 ms for a free instance and is woken only by a *successful* enqueue: a lone
+# instance that finishes while the queue is full (every new request refused) sits idle for the
+# rest of those 500 ms. Measured: 1 instance at 3x overload executed a batch every ~100 ms instead
+# of every 50 ms (goodput 0.4-0.5); 2 instances wake each other (goodput >= 1.0 of closed-loop).
+LONE_INSTANCE_STALL_MS = 500
+
+
+def queue_stall_advisories(configs: dict[str, TritonModelConfig], names: list[str]) -> list[str]:
+    """Notes for models among ``names`` whose bounded queue can stall a single instance.
+
+    Args:
+        configs: The rendered configs by model name.
+        names: The models to look at (the compute stages: exported or ONNX models).
+    """
+    notes = []
+    for name in names:
+        config = configs[name]
+        batching = config.dynamic_batching
+        instances = sum(g.count for g in config.instance_groups)
+        if batching is not None and batching.queue_policy.max_queue_size > 0 and instances == 1:
+            notes.append(
+                f"{name}: one instance with max_queue_size {batching.queue_policy.max_queue_size}; "
+                f"under overload Triton's batcher can leave a lone instance idle for up to "
+                f"{LONE_INSTANCE_STALL_MS} ms when the queue is full (README, Reliability under faults). "
+                "Use `instances: {cpu: {count: 2, intra_op_threads: 1}}` (or count >= 2 on gpu)."
+            )
+    return notes

@@ -86,6 +86,8 @@ def build_repository(
         build = _Build(spec, target, output, texts, force, BuildProgress(enabled=progress))
         for name in restored:
             build.reporter.console.print(f"restored {name} from an interrupted build", markup=False)
+        for note in cfg.queue_stall_advisories(configs, [m.name for m in spec.models if m.name in selected]):
+            build.reporter.console.print(f"note: {note}", markup=False, soft_wrap=True)
         result = build.run(selected, started)
     if result.error is not None and raise_on_failure:
         raise result.error

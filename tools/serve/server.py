@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
 BINARY_ENV = "TRITONSERVER_BINARY"
 # Set to 1 to run a binary that cannot restrict the admin APIs, leaving them open to any caller.
 OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
+# Where the stubs' queue gates read the queue gauges (pipeline_ops.admission.METRICS_URL_ENV;
+# that package must import without `tools`, so the name is written in both).
+METRICS_URL_ENV = "TRITON_FORGE_METRICS_URL"
 _GRPC_PREFIX = "triton-grpc-protocol-"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 _READY_TIMEOUT_S = 2.0
@@ -423,8 +426,12 @@ class EmbeddedServer:
 
     def environment(self) -> dict[str, str]:
         """The server's environment: this venv's ``bin`` first on ``PATH`` (the stub imports
-        packages through it) and this interpreter's LIBDIR first on ``LD_LIBRARY_PATH``."""
-        return stub_environment(libpython=self._installed_backends() is None)
+        packages through it), this interpreter's LIBDIR first on ``LD_LIBRARY_PATH``, and the
+        metrics address for the stubs' queue gates (``pipeline_ops.admission``)."""
+        env = stub_environment(libpython=self._installed_backends() is None)
+        if "Metrics" in self._ports:  # the tokenizer's queue gate reads the queue gauges here
+            env[METRICS_URL_ENV] = f"{LOOPBACK}:{self._ports['Metrics']}"
+        return env
 
     # ---- lifecycle
 

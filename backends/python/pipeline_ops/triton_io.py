@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidInput
+from .errors import InvalidInput, Overloaded
 
 
 def parameters(model_config: Mapping[str, Any] | str) -> dict[str, str]:
@@ -47,17 +47,19 @@ def request_inputs(
 def responses(pb_utils: Any, results: Iterable[Mapping[str, np.ndarray] | Exception]) -> list:
     """One ``InferenceResponse`` per result: its outputs, or its own error.
 
-    ``InvalidInput`` (a bad request) becomes ``TritonError.INVALID_ARG``; any other exception (the
-    model failed on that request) becomes ``TritonError.INTERNAL``.
+    ``InvalidInput`` (a bad request) becomes ``TritonError.INVALID_ARG``, ``Overloaded`` (refused
+    at admission) ``TritonError.UNAVAILABLE``; any other exception (the model failed on that
+    request) becomes ``TritonError.INTERNAL``.
     """
     answers = []
     for result in results:
         if isinstance(result, Exception):
-            code = (
-                pb_utils.TritonError.INVALID_ARG
-                if isinstance(result, InvalidInput)
-                else pb_utils.TritonError.INTERNAL
-            )
+            if isinstance(result, InvalidInput):
+                code = pb_utils.TritonError.INVALID_ARG
+            elif isinstance(result, Overloaded):
+                code = pb_utils.TritonError.UNAVAILABLE
+            else:
+                code = pb_utils.TritonError.INTERNAL
             error = pb_utils.TritonError(str(result) or type(result).__name__, code)
             answers.append(pb_utils.InferenceResponse(error=error))
         else:
