@@ -65,7 +65,9 @@ def test_in_process_encoder_runs_the_served_onnx_runner_with_its_config_and_chun
 
     setup = read_setup(built_repository)
     encoder = InProcessEncoder(setup)
-    served = RunnerConfig.from_model_config(setup.encoder_config)
+    # the served config with every served instance's threads in the one in-process session
+    served = RunnerConfig.from_model_config(setup.limit_config())
+    assert served.intra_op_threads == setup.instances * setup.intra_op_threads == 2
     assert type(encoder.chunked_runner).__name__ == "OnnxRunner"
     assert encoder.chunked_runner.config == served and served.max_dims["input_ids"] == (256,)
     assert encoder.padded_runner.config == dataclasses.replace(served, run_overhead=0)
@@ -152,3 +154,19 @@ def test_format_table_puts_each_pipeline_against_its_own_limit_and_compares_them
     assert next(r for r in rows if r.startswith("served text_embedding_int8 grpc")).split()[-1] == "0.95"
     assert "* text_embedding_int8: limit = in-process, pad to longest, batch 8: 400.0 texts/s." in table
     assert "best served text_embedding_int8: 380.0 texts/s (grpc c=32) = 2.11 x text_embedding" in table
+
+
+@pytest.mark.parametrize("groups, threads, expected", [([{"count": 2}], "1", 2),
+                                                       ([{"count": 1}], "2", 2),
+                                                       ([], "2", 2),
+                                                       ([{"count": 2}, {"count": 1}], "1", 3)])
+def test_the_in_process_limit_gets_the_cores_of_every_served_instance(groups, threads, expected):
+    from tools.bench.inprocess import EncoderSetup
+
+    config = {"name": "enc", "instance_group": groups,
+              "parameters": {"intra_op_threads": {"string_value": threads}}}
+    setup = EncoderSetup({}, Path("."), config, Path("."))
+
+    assert setup.limit_threads == expected
+    assert setup.limit_config()["parameters"]["intra_op_threads"] == {"string_value": str(expected)}
+    assert config["parameters"]["intra_op_threads"] == {"string_value": threads}, "a copy is changed"

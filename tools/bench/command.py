@@ -206,7 +206,8 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
     limits: list[LimitResult] = []
     for setup in setups:
         click.echo(f"in-process limit of {setup.pipeline} ({setup.encoder}, {setup.onnx_file}): "
-                   f"{len(texts)} texts, ONNX Runtime intra-op threads {setup.intra_op_threads}, "
+                   f"{len(texts)} texts, one ONNX Runtime session with {setup.limit_threads} intra-op threads "
+                   f"(served: {setup.instances} x {setup.intra_op_threads}), "
                    f"max_length {setup.max_length}", err=True)
         encoder = InProcessEncoder(setup)
         for size in sizes:
@@ -254,6 +255,8 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
                 "encoder_dir": str(one.encoder_dir),
                 "max_length": one.max_length,
                 "intra_op_threads": one.intra_op_threads,
+                "instances": one.instances,
+                "limit_threads": one.limit_threads,
                 "tokenizer_parameters": one.tokenizer_config.get("parameters", {}),
                 "encoder_parameters": one.encoder_config.get("parameters", {}),
             },

@@ -8,6 +8,7 @@ the length chunks and the ONNX Runtime settings are the served ones.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import sys
@@ -59,8 +60,25 @@ class EncoderSetup:
 
     @property
     def intra_op_threads(self) -> int:
-        """The encoder's ONNX Runtime intra-op threads."""
+        """The encoder's ONNX Runtime intra-op threads (per instance)."""
         return int(self._parameter(self.encoder_config, "intra_op_threads", "1"))
+
+    @property
+    def instances(self) -> int:
+        """How many instances of the encoder the server runs."""
+        return sum(int(g.get("count", 1)) for g in self.encoder_config.get("instance_group", [])) or 1
+
+    @property
+    def limit_threads(self) -> int:
+        """Threads of the in-process limit: the cores all served instances use together
+        (2 instances x 1 thread are measured against one session with 2 threads)."""
+        return self.instances * self.intra_op_threads
+
+    def limit_config(self) -> dict[str, Any]:
+        """The encoder's config with ``intra_op_threads`` set to ``limit_threads``."""
+        config = copy.deepcopy(self.encoder_config)
+        config.setdefault("parameters", {})["intra_op_threads"] = {"string_value": str(self.limit_threads)}
+        return config
 
 
 @dataclass
@@ -160,7 +178,7 @@ class InProcessEncoder:
                 ops.triton_io.parameters(setup.tokenizer_config), setup.tokenizer_dir,
                 setup.tokenizer_config.get("name", TOKENIZER_MODEL),
             )
-            self.chunked_runner = ops.onnx_session.load_runner(setup.encoder_config,
+            self.chunked_runner = ops.onnx_session.load_runner(setup.limit_config(),
                                                                setup.encoder_dir)
         except ops.errors.ConfigurationError as exc:
             raise UserInputError(f"built repository: {exc}") from exc
