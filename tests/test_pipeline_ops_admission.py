@@ -105,3 +105,10 @@ def test_the_polling_thread_reads_while_requests_arrive_and_stops_reading_when_i
     finally:
         gate.close()
     assert not gate._thread.is_alive()
+
+
+def test_the_server_sets_the_variable_the_gate_reads():
+    # pipeline_ops imports without `tools`, so the name is written in both places
+    from tools.serve import server
+
+    assert server.METRICS_URL_ENV == admission.METRICS_URL_ENV

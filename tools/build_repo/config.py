@@ -354,8 +354,8 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
 # Triton 2.51's dynamic batcher (core src/dynamic_batch_scheduler.cc, WaitForPayloadSlotAvailable)
 # waits up to 500 ms for a free instance and is woken only by a *successful* enqueue: a lone
 # instance that finishes while the queue is full (every new request refused) sits idle for the
-# rest of those 500 ms. Measured: 1 instance at 3x overload executed a batch every ~100 ms instead
-# of every 50 ms (goodput 0.4-0.5); 2 instances wake each other (goodput >= 1.0 of closed-loop).
+# rest of those 500 ms. Measured (toy model, 50 ms batches): 1 instance at 3x overload kept
+# 0.36-0.46 of capacity; with 2 instances the other's completion wakes the batcher (0.68-1.0).
 LONE_INSTANCE_STALL_MS = 500
 
 

@@ -14,12 +14,13 @@ class TritonPythonModel:
     def initialize(self, args):
         """Read the parameters (see ``text.TokenizerSettings``) and build the tokenizer once."""
         config = json.loads(args["model_config"])
+        params = triton_io.parameters(config)
         self.settings = text.TokenizerSettings.from_parameters(
-            triton_io.parameters(config), triton_io.version_dir(args), config["name"]
+            params, triton_io.version_dir(args), config["name"]
         )
         self.tokenizer = text.load_tokenizer(self.settings.tokenizer_file, self.settings.max_length)
         self.pad_id = text.pad_token_id(self.tokenizer)
-        gate = admission.AdmissionSettings.from_parameters(triton_io.parameters(config), config["name"])
+        gate = admission.AdmissionSettings.from_parameters(params, config["name"])
         self.gate = admission.QueueGate(gate) if gate else None
 
     def execute(self, requests):
