@@ -125,7 +125,7 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
     report = json.loads((out / "bench.json").read_text())
     assert {(r["variant"].split(",")[1].strip(), r["batch_size"]) for r in report["in_process"]} >= {
         ("pad to longest", 1), ("pad to longest", 4)}
-    pipelines = ("text_embedding", "text_embedding_int8")
+    pipelines = ("text_embedding", "text_embedding_int8", "text_embedding_bf16")
     assert {(s["pipeline"], s["protocol"], s["concurrency"]) for s in report["served"]} == {
         (p, proto, c) for p in pipelines for proto in ("grpc", "http") for c in (1, 4)}
     assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
@@ -135,6 +135,8 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
         assert report["pipelines"][pipeline]["best_ratio"] == pytest.approx(top / best)
     assert report["best_ratio"] == report["pipelines"]["text_embedding"]["best_ratio"]
     assert report["pipelines"]["text_embedding_int8"]["onnx_file"] == "model.int8.onnx"
+    assert report["pipelines"]["text_embedding_bf16"]["runtime"] == "openvino bf16"
+    assert report["pipelines"]["text_embedding"]["runtime"] == "onnxruntime"
     assert report["served"][0]["encoder_mean_batch"] == pytest.approx(1.0, abs=0.05)
     assert (out / "bench.png").stat().st_size > 10_000
     assert "best served / limit" in result.output

@@ -35,7 +35,8 @@ def test_project_pipelines_pass_the_static_checks():
     for target in ("cpu", "gpu"):
         configs = render_all(load_spec(REPO_ROOT / "repository.yaml"), target)
         ensembles = {name for name, c in configs.items() if c.platform == "ensemble"}
-        assert ensembles == {"text_embedding", "text_embedding_int8", "image_classification"}, target
+        assert ensembles == {"text_embedding", "text_embedding_int8", "text_embedding_bf16",
+                         "image_classification"}, target
 
 
 def test_ensemble_with_a_dtype_mismatch_is_rejected_before_anything_is_built(tmp_path):

@@ -25,11 +25,13 @@ _write = write_spec
 
 def test_project_spec_parses_with_the_contract_models():
     spec = load_spec(REPO_ROOT / "repository.yaml")
-    assert {m.name for m in spec.models} == {"minilm_encoder", "minilm_encoder_int8", "efficientnet_lite0"}
+    assert {m.name for m in spec.models} == {"minilm_encoder", "minilm_encoder_int8", "minilm_encoder_bf16",
+                                            "efficientnet_lite0"}
     assert {m.name for m in spec.python_models} == {
         "text_tokenizer", "image_preprocess", "image_postprocess"
     }
-    assert {p.name for p in spec.pipelines} == {"text_embedding", "text_embedding_int8", "image_classification"}
+    assert {p.name for p in spec.pipelines} == {"text_embedding", "text_embedding_int8", "text_embedding_bf16",
+                                                "image_classification"}
     encoder = spec.find("minilm_encoder")
     assert [t.dims for t in encoder.inputs] == [(-1,), (-1,)]
     assert encoder.outputs[0].dims == (384,)
@@ -331,7 +333,8 @@ def test_spec_fills_in_the_defaults_the_builder_reads():
     assert tokenizer.instances.gpu.kind == "cpu" and tokenizer.instances.cpu.intra_op_threads == 1
     assert tokenizer.parameters == (
         ("tokenizer_file", "tokenizer.json"), ("max_length", "256"),
-        ("admission_models", "minilm_encoder,minilm_encoder_int8"), ("admission_max_pending", "64"),
+        ("admission_models", "minilm_encoder,minilm_encoder_int8,minilm_encoder_bf16"),
+        ("admission_max_pending", "64"),
     )
     image = spec.find("efficientnet_lite0")
     assert image.instances.gpu.kind == "gpu"

@@ -38,7 +38,12 @@ def _inputs() -> dict[str, list[httpclient.InferInput]]:
             tensor("attention_mask", np.ones_like(TOKENS), "INT64"),
         ],
         "text_embedding": [tensor("TEXT", text, "BYTES")],
+        "minilm_encoder_bf16": [
+            tensor("input_ids", TOKENS, "INT64"),
+            tensor("attention_mask", np.ones_like(TOKENS), "INT64"),
+        ],
         "text_embedding_int8": [tensor("TEXT", text, "BYTES")],
+        "text_embedding_bf16": [tensor("TEXT", text, "BYTES")],
         "image_preprocess": [tensor("IMAGE", image, "BYTES")],
         "efficientnet_lite0": [
             tensor("pixel_values", rng.uniform(-1, 1, (1, 3, 224, 224)).astype(np.float32), "FP32")

@@ -152,7 +152,8 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
 @click.option("--texts", "texts_file", type=click.Path(dir_okay=False, path_type=Path),
               default=DEFAULT_TEXTS, show_default="loadtests/data/texts.txt of this project",
               help="One text per line.")
-@click.option("--pipelines", default="text_embedding,text_embedding_int8", show_default=True,
+@click.option("--pipelines", default="text_embedding,text_embedding_int8,text_embedding_bf16",
+              show_default=True,
               help="Text pipelines (tokenizer -> encoder ensembles) to measure side by side; "
               "those the repository lacks are skipped with a note.")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
@@ -175,9 +176,9 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
           warmup: float, min_seconds: float, output: Path) -> None:
     """Measure served text pipelines against their in-process limits, in one run on this machine.
 
-    For each pipeline (text_embedding: the fused fp32 encoder; text_embedding_int8: the int8
-    one): (a) its tokenizer and encoder from REPOSITORY, in this process, with the server's ONNX
-    Runtime settings, at each batch size (padded to the longest text of the batch, and also split
+    For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
+    one; text_embedding_bf16: OpenVINO in bf16): (a) its tokenizer and encoder from REPOSITORY,
+    in this process, with the server's runtime settings, at each batch size (padded to the longest text of the batch, and also split
     into length chunks the way the served runner does); (b) the pipeline over gRPC and HTTP with
     asyncio clients at each concurrency, one text per request. All use the same texts. The ratio
     column is throughput over that pipeline's best in-process throughput.
@@ -205,8 +206,9 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
 
     limits: list[LimitResult] = []
     for setup in setups:
-        click.echo(f"in-process limit of {setup.pipeline} ({setup.encoder}, {setup.onnx_file}): "
-                   f"{len(texts)} texts, one ONNX Runtime session with {setup.limit_threads} intra-op threads "
+        click.echo(f"in-process limit of {setup.pipeline} ({setup.encoder}, {setup.onnx_file}, "
+                   f"{setup.runtime}): {len(texts)} texts, one session with "
+                   f"{setup.limit_threads} intra-op threads "
                    f"(served: {setup.instances} x {setup.intra_op_threads}), "
                    f"max_length {setup.max_length}", err=True)
         encoder = InProcessEncoder(setup)
@@ -250,6 +252,7 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
         per_pipeline[one.pipeline] = {
             "encoder": one.encoder,
             "onnx_file": one.onnx_file,
+            "runtime": one.runtime,
             "encoder_setup": {
                 "tokenizer_dir": str(one.tokenizer_dir),
                 "encoder_dir": str(one.encoder_dir),

@@ -50,6 +50,14 @@ class EncoderSetup:
         """The ONNX graph the encoder serves (``model.onnx``, ``.fused`` or ``.int8``)."""
         return self._parameter(self.encoder_config, "onnx_file", "model.onnx")
 
+    @property
+    def runtime(self) -> str:
+        """What runs the encoder's graph: ``onnxruntime``, or ``openvino fp32|bf16``."""
+        runtime = self._parameter(self.encoder_config, "runtime", "onnxruntime")
+        if runtime == "onnxruntime":
+            return runtime
+        return f"{runtime} {self._parameter(self.encoder_config, 'inference_precision', 'fp32')}"
+
     def _parameter(self, config: dict[str, Any], key: str, default: str) -> str:
         return config.get("parameters", {}).get(key, {}).get("string_value") or default
 

@@ -150,6 +150,8 @@ class PytorchBuilder(SpecEntryBuilder):
                                         "cases": result.parity["onnxruntime"]}}
         if target == "cpu" and model.cpu.optimize != "none":
             self._optimize(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
+        if target == "cpu" and model.cpu.runtime == "openvino":
+            self._openvino(onnx_path, runner, stages, entry, torch_model, sample_fn)
 
         if self._tensorrt:
             plan_path = version_dir / cfg.PLAN_FILE
@@ -220,6 +222,42 @@ class PytorchBuilder(SpecEntryBuilder):
             record["quality"] = report.to_dict()
             stages.result.note = (f"int8: min cosine {report.min_cosine:.4f}, top-{gate.neighbours} "
                                   f"agreement {report.neighbour_agreement:.3f}")
+        entry.optimization = record
+
+    def _openvino(self, onnx_path: Path, fp32_runner: Any, stages: Stages, entry: ModelEntry,
+                  torch_model: Any, sample_fn: Any) -> None:
+        """cpu target, ``runtime: openvino``: fp32 is checked for parity against PyTorch, bf16
+        on the quality set against the exported graph under ONNX Runtime (``fp32_runner``)."""
+        from tools.build_repo import quality
+        from tools.build_repo.parity import check_parity, figures_to_manifest, openvino_runner
+        from tools.build_repo.spec import resolve_file
+
+        spec, model = self.spec, self.model
+        precision = model.cpu.precision
+        candidate, runs_as = stages.run("openvino", openvino_runner, str(onnx_path),
+                                        spec.cpu_cores, precision)
+        record: dict[str, Any] = {"level": model.cpu.optimize, "runtime": "openvino",
+                                  "precision": precision, "runs_as": runs_as}
+        if precision == "fp32":
+            figures = stages.run("parity_openvino", check_parity, model, torch_model, sample_fn,
+                                 candidate, runtime="openvino fp32")
+            stages.result.parity["openvino"] = figures_to_manifest(figures)
+            entry.parity["openvino"] = {"atol": model.atol, "rtol": model.rtol,
+                                        "cases": stages.result.parity["openvino"]}
+        else:
+            gate = model.cpu.quality
+            where = f"{self.where}field 'cpu.quality': "
+            report = stages.run(
+                "quality", quality.check_embedding_quality, model, gate,
+                quality.read_texts(resolve_file(gate.texts, spec.root, where)),
+                resolve_file(gate.tokenizer, spec.root, where), fp32_runner, candidate,
+            )
+            record["quality"] = report.to_dict()
+            stages.result.note = (f"{precision}: min cosine {report.min_cosine:.4f}, "
+                                  f"top-{gate.neighbours} agreement {report.neighbour_agreement:.3f}")
+            if runs_as != precision:
+                stages.result.note += (f"; this CPU runs OpenVINO {precision} as {runs_as}, so the "
+                                       f"gate measured {runs_as}: build on the serving CPU")
         entry.optimization = record
 
     def _describe(self, entry: ModelEntry) -> None:

@@ -275,6 +275,9 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
                 ("inter_op_threads", "1"),
                 ("pad_values", json.dumps(pad_values, sort_keys=True)),
                 ("max_dims", json.dumps(max_dims, sort_keys=True)),
+                # only where it is not ONNX Runtime fp32, so those configs stay as they were
+                *((("runtime", model.cpu.runtime), ("inference_precision", model.cpu.precision))
+                  if model.cpu.runtime != "onnxruntime" else ()),
             ),
             **common,
         )

@@ -140,15 +140,24 @@ def export_inputs(
         "device": device,
         "modules": modules,
         "weights": weights,
-        "tools": {k: tools.get(k) for k in EXPORT_TOOLS},
+        "tools": {k: tools.get(k) for k in EXPORT_TOOLS}
+        # what the bf16 gate ran; left out elsewhere so other models keep their fingerprints
+        | ({"openvino": tools.get("openvino")}
+           if target == "cpu" and model.cpu.runtime == "openvino" else {}),
         "builder": builder_sources(export_only=True),
     }
 
 
+def gated(model: ModelSpec) -> bool:
+    """True when the cpu target judges the model on its quality set (int8, bf16)."""
+    return model.cpu.optimize == "int8" or model.cpu.precision == "bf16"
+
+
 def quality_files(spec: RepoSpec, model: ModelSpec) -> dict[str, str] | None:
-    """sha256 of the int8 quality gate's texts and tokenizer; None unless ``cpu.optimize: int8``."""
+    """sha256 of the quality gate's texts and tokenizer; None unless the model is gated
+    (``cpu.optimize: int8`` or ``cpu.precision: bf16``)."""
     gate = model.cpu.quality
-    if model.cpu.optimize != "int8" or gate is None:
+    if not gated(model) or gate is None:
         return None
     where = f"{spec.path}: model {model.name!r}: field 'cpu.quality': "
     return {name: sha256_file(resolve_file(location, spec.root, where))

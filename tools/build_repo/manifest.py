@@ -21,7 +21,7 @@ from typing import Any
 
 MANIFEST_NAME = "build_manifest.json"
 FORMAT = 1
-TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt", "tritonclient")
+TOOLS = ("torch", "onnx", "onnxruntime", "openvino", "tensorrt", "tritonclient")
 # Each tool may be installed under another distribution name; the first one found counts.
 # TensorRT's wheels are `tensorrt` (a meta package) or `tensorrt-cu12` / `tensorrt-cu13`.
 _DISTRIBUTIONS = {

@@ -148,6 +148,29 @@ def figures_to_manifest(figures: list[ParityFigure]) -> list[dict]:
     return [asdict(f) for f in figures]
 
 
+def openvino_runner(path: str, threads: int = 2, precision: str = "fp32") -> tuple[Runner, str]:
+    """An OpenVINO CPU model as a ``Runner``, and the precision the plugin really runs
+    (``bf16``, or ``f32`` on a CPU without bf16: OpenVINO falls back silently).
+
+    The properties that shape the numbers match the served ones
+    (``pipeline_ops.onnx_session.openvino_properties``): the inference precision hint.
+    """
+    import openvino
+
+    compiled = openvino.Core().compile_model(path, "CPU", {
+        "INFERENCE_NUM_THREADS": max(threads, 1), "ENABLE_CPU_PINNING": False,
+        "INFERENCE_PRECISION_HINT": {"fp32": "f32", "bf16": "bf16"}[precision],
+    })
+    request = compiled.create_infer_request()
+    outputs = {o.get_any_name(): o for o in compiled.outputs}
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = request.infer(inputs)
+        return {name: np.array(result[port]) for name, port in outputs.items()}
+
+    return run, compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+
+
 def onnxruntime_runner(path: str, threads: int = 2) -> Runner:
     """A CPU ONNX Runtime session as a ``Runner`` (spinning off: cores are shared)."""
     import onnxruntime as ort

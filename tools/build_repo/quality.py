@@ -1,4 +1,5 @@
-"""The task-quality gate of an int8 encoder: embeddings of real texts against the fp32 model.
+"""The task-quality gate of an int8 or bf16 encoder: embeddings of real texts against the fp32
+model.
 
 Every text's cosine to its fp32 embedding, and top-k nearest-neighbour agreement over the set;
 both figures are recorded, and a variant that misses either is not written.
@@ -106,6 +107,7 @@ def check_embedding_quality(
         failed.append(f"top-{quality.neighbours} neighbour agreement "
                       f"{report.neighbour_agreement:.4f} < {quality.min_neighbour_agreement}")
     if failed:
-        raise QualityError(f"model {spec.name!r}: the int8 quality gate failed: "
+        variant = "int8" if spec.cpu.optimize == "int8" else spec.cpu.precision
+        raise QualityError(f"model {spec.name!r}: the {variant} quality gate failed: "
                            + "; ".join(failed) + f" (mean cosine {report.mean_cosine:.4f})")
     return report

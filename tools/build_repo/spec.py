@@ -347,7 +347,8 @@ class GpuSpec:
 
 @strict
 class QualitySetSpec:
-    """The texts an int8 encoder is judged on, against the fp32 ONNX model, before it is served."""
+    """The texts an int8 or bf16 encoder is judged on, against the fp32 ONNX model, before it is
+    served."""
 
     texts: str = Field(
         description="A UTF-8 file of real texts, one per line (blank lines are skipped), relative "
@@ -374,7 +375,8 @@ class QualitySetSpec:
 
 @strict
 class CpuSpec:
-    """How the cpu target serves a PyTorch model: the exported graph, fused, or int8."""
+    """How the cpu target serves a PyTorch model: the exported graph, fused, or int8; with ONNX
+    Runtime, or OpenVINO in fp32 or bf16."""
 
     optimize: Literal["none", "fused", "int8"] = Field(
         "none",
@@ -401,8 +403,20 @@ class CpuSpec:
         description="`fnmatch` patterns of node names kept in fp32 by `int8` (the most "
         "quantization-sensitive MatMuls; docs/cpu-speed.md says how they were found).",
     )
+    runtime: Literal["onnxruntime", "openvino"] = Field(
+        "onnxruntime",
+        description="What runs the served graph inside the `onnx_runner` stub: ONNX Runtime, or "
+        "OpenVINO's CPU plugin reading `model.onnx` (needs `optimize: none`: the fused and int8 "
+        "graphs hold ONNX Runtime's own operators).",
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Inference precision. `bf16` (with `runtime: openvino`): MatMuls in bfloat16 "
+        "on CPUs with AVX512_BF16 or AMX (others run fp32), gated on `quality` like int8. "
+        "`fp32` with `runtime: openvino` is checked for parity against PyTorch at `tolerance`.",
+    )
     quality: Omittable[QualitySetSpec] = Field(
-        None, description="Required with `optimize: int8`."
+        None, description="Required with `optimize: int8` and with `precision: bf16`."
     )
 
 
@@ -810,17 +824,26 @@ class ModelYaml:
                 "is 'cpu', but a TensorRT plan runs only on a GPU: set gpu.backend to "
                 "'onnxruntime' for CPU instances on the gpu target",
             )
-        if self.cpu.optimize == "int8":
+        if self.cpu.runtime == "openvino" and self.cpu.optimize != "none":
+            rules.add(("cpu", "runtime"), f"openvino needs optimize: none, got optimize: "
+                      f"{self.cpu.optimize} (that graph holds ONNX Runtime's own operators)")
+        if self.cpu.precision == "bf16" and self.cpu.runtime != "openvino":
+            rules.add(("cpu", "precision"), "bf16 needs runtime: openvino (ONNX Runtime's CPU "
+                      "provider runs these graphs in fp32)")
+        gated = {"int8": self.cpu.optimize == "int8", "bf16": self.cpu.precision == "bf16"}
+        for what in (k for k, on in gated.items() if on):
+            field = ("cpu", "optimize") if what == "int8" else ("cpu", "precision")
+            setting = "optimize: int8" if what == "int8" else "precision: bf16"
             if self.cpu.quality is None:
-                rules.add(("cpu", "quality"), "is required with optimize: int8 (the gate compares "
-                          "int8 and fp32 embeddings of real texts)")
+                rules.add(("cpu", "quality"), f"is required with {setting} (the gate compares "
+                          f"{what} and fp32 embeddings of real texts)")
             embedding_like = (
                 len(self.outputs) == 1 and self.outputs[0].dtype == "float32"
                 and len(self.outputs[0].shape) == 2 and isinstance(self.outputs[0].shape[1], int)
             )
             if not embedding_like:
                 shapes = [f"{t.name} {t.dtype} {list(t.shape)}" for t in self.outputs]
-                rules.add(("cpu", "optimize"), "int8 needs one embedding-like output (float32 "
+                rules.add(field, f"{what} needs one embedding-like output (float32 "
                           f"[batch, N]) for its quality gate; this model has {shapes}")
         if self.warmup is not None:
             too_large = [n for n in self.warmup.batch_sizes if n > self.max_batch_size]

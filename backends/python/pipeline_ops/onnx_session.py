@@ -1,6 +1,6 @@
-"""ONNX Runtime execution for the generic ``onnx_runner`` Python model (CPU target): one session,
-requests validated one by one (variable dims within ``max_dims``), ragged inputs padded, rows run
-in length-homogeneous chunks.
+"""ONNX execution for the generic ``onnx_runner`` Python model (CPU target): one session (ONNX
+Runtime, or OpenVINO with ``runtime: openvino``), requests validated one by one (variable dims
+within ``max_dims``), ragged inputs padded, rows run in length-homogeneous chunks.
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ TRITON_DTYPES: dict[str, Any] = {
 # how to split rows of different lengths into chunks (see docs/padding.md).
 DEFAULT_RUN_OVERHEAD = 40
 
+# The runtimes ``make_session`` opens, and the inference precisions each accepts.
+RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("fp32",),
+    "openvino": ("fp32", "bf16"),
+}
+
 
 @dataclass(frozen=True)
 class RunnerTensor:
@@ -66,6 +72,8 @@ class RunnerConfig:
     pad_values: Mapping[str, Any] = field(default_factory=dict)
     max_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     run_overhead: int = DEFAULT_RUN_OVERHEAD
+    runtime: str = "onnxruntime"
+    inference_precision: str = "fp32"
 
     @classmethod
     def from_model_config(cls, config: Mapping[str, Any] | str) -> RunnerConfig:
@@ -78,7 +86,8 @@ class RunnerConfig:
         required for every input with a ``-1`` dim, fixed dims repeat their size; a request
         beyond it is rejected), ``run_overhead`` (rows of different lengths are split into chunks
         when a chunk saves more padded positions than this; ``0`` runs every execute call as one
-        padded batch).
+        padded batch), ``runtime`` (``onnxruntime``, the default, or ``openvino``),
+        ``inference_precision`` (``fp32``, or ``bf16`` with ``openvino``).
 
         Raises:
             ConfigurationError: a parameter is malformed or a ragged input has no pad value or
@@ -159,6 +168,18 @@ class RunnerConfig:
                     f"size), got {sizes!r}"
                 )
             max_dims[input_name] = tuple(sizes)
+        runtime = params.get("runtime") or "onnxruntime"
+        precision = params.get("inference_precision") or "fp32"
+        if runtime not in RUNTIME_PRECISIONS:
+            raise ConfigurationError(
+                f"model '{name}': parameter 'runtime' must be one of "
+                f"{sorted(RUNTIME_PRECISIONS)}, got {runtime!r}"
+            )
+        if precision not in RUNTIME_PRECISIONS[runtime]:
+            raise ConfigurationError(
+                f"model '{name}': parameter 'inference_precision' {precision!r} is not one "
+                f"{runtime} runs (it runs {list(RUNTIME_PRECISIONS[runtime])})"
+            )
         return cls(
             model_name=name,
             inputs=inputs,
@@ -169,24 +190,35 @@ class RunnerConfig:
             pad_values=pad_values,
             max_dims=max_dims,
             run_overhead=integer("run_overhead", DEFAULT_RUN_OVERHEAD),
+            runtime=runtime,
+            inference_precision=precision,
         )
 
 
-def make_session(path: str | Path, intra_op_threads: int, inter_op_threads: int = 1) -> Any:
-    """Build one CPU ONNX Runtime session for a shared, small machine.
+def make_session(
+    path: str | Path, intra_op_threads: int, inter_op_threads: int = 1,
+    runtime: str = "onnxruntime", precision: str = "fp32",
+) -> Any:
+    """Build one CPU session for a shared, small machine: ONNX Runtime, or OpenVINO
+    (:class:`OpenVinoSession`, same ``run``/``get_inputs``/``get_outputs`` surface).
 
-    Sequential execution, the given thread counts, and thread spinning off for both thread pools:
-    idle ORT threads otherwise busy-wait and steal the cores from the tokenizer, the server and
-    the load generator.
+    ONNX Runtime: sequential execution, the given thread counts, and thread spinning off for
+    both thread pools: idle ORT threads otherwise busy-wait and steal the cores from the
+    tokenizer, the server and the load generator.
+
 
     Args:
         path: the ``.onnx`` file.
-        intra_op_threads: threads inside one operator (0 lets ONNX Runtime choose).
+        intra_op_threads: threads inside one operator (0 lets the runtime choose).
         inter_op_threads: threads across operators (unused in sequential mode, kept at 1).
+        runtime: ``onnxruntime`` or ``openvino``.
+        precision: ``fp32``, or ``bf16`` (openvino).
 
     Returns:
-        An ``onnxruntime.InferenceSession``.
+        An ``onnxruntime.InferenceSession`` or an :class:`OpenVinoSession`.
     """
+    if runtime == "openvino":
+        return OpenVinoSession(path, intra_op_threads, precision)
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -197,6 +229,61 @@ def make_session(path: str | Path, intra_op_threads: int, inter_op_threads: int 
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class SessionTensor:
+    """An input or output of a session, as ``session.get_inputs()`` lists it (``.name``)."""
+
+    name: str
+
+
+def openvino_properties(threads: int, precision: str) -> dict[str, Any]:
+    """OpenVINO CPU plugin properties of one served instance.
+
+    One stream of ``threads`` threads, latency-oriented, and **no CPU pinning**: OpenVINO pins a
+    stream's threads to cores by default, and two instances (two stub processes) then pin to the
+    same core and share it: served throughput fell from 358 to 186 texts/s on the 2-core machine
+    (docs/cpu-speed.md). ``bf16`` runs MatMuls in bfloat16 where the CPU has AVX512_BF16 or AMX;
+    elsewhere OpenVINO runs fp32.
+    """
+    return {
+        "INFERENCE_NUM_THREADS": max(int(threads), 1),
+        "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY",
+        "ENABLE_CPU_PINNING": False,
+        "INFERENCE_PRECISION_HINT": {"fp32": "f32", "bf16": "bf16"}[precision],
+    }
+
+
+class OpenVinoSession:
+    """One compiled OpenVINO model behind ONNX Runtime's ``run``/``get_inputs``/``get_outputs``.
+
+    The ONNX file is read directly (no IR on disk); one infer request is reused, since a stub
+    runs one ``execute`` at a time. Outputs are copied out of the request's buffers, which the
+    next ``run`` overwrites.
+    """
+
+    def __init__(self, path: str | Path, threads: int, precision: str = "fp32"):
+        import openvino
+
+        core = openvino.Core()
+        self.compiled = core.compile_model(str(path), "CPU", openvino_properties(threads, precision))
+        self.request = self.compiled.create_infer_request()
+        self._outputs = {o.get_any_name(): o for o in self.compiled.outputs}
+        # What the plugin actually runs: "bf16", or "f32" on a CPU without bf16 support.
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        self.precision = hint.to_string() if hasattr(hint, "to_string") else str(hint)
+
+    def get_inputs(self) -> list[SessionTensor]:
+        return [SessionTensor(i.get_any_name()) for i in self.compiled.inputs]
+
+    def get_outputs(self) -> list[SessionTensor]:
+        return [SessionTensor(name) for name in self._outputs]
+
+    def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        result = self.request.infer(dict(feed))
+        return [np.array(result[self._outputs[n]]) for n in (names or list(self._outputs))]
 
 
 def plan_chunks(lengths: Sequence[int], run_overhead: int) -> list[list[int]]:
@@ -343,9 +430,10 @@ class OnnxRunner:
     def _run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         try:
             outputs = self.session.run(self.output_names, dict(feed))
-        except Exception as exc:  # ONNX Runtime's own exception types
+        except Exception as exc:  # the runtime's own exception types
+            runtime = {"openvino": "OpenVINO"}.get(self.config.runtime, "ONNX Runtime")
             raise RuntimeError(
-                f"model '{self.config.model_name}': ONNX Runtime failed: {exc}"
+                f"model '{self.config.model_name}': {runtime} failed: {exc}"
             ) from exc
         return [
             np.ascontiguousarray(out, dtype=spec.dtype)
@@ -406,5 +494,6 @@ def load_runner(model_config: Mapping[str, Any] | str, version_dir: str | Path) 
             f"model '{config.model_name}': parameter 'onnx_file' names {onnx_path}, "
             "which does not exist"
         )
-    session = make_session(onnx_path, config.intra_op_threads, config.inter_op_threads)
+    session = make_session(onnx_path, config.intra_op_threads, config.inter_op_threads,
+                           config.runtime, config.inference_precision)
     return OnnxRunner(config, session)
