@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tools.bench.command import DEFAULT_TEXTS, format_table, save_plot
+from tools.bench.command import DEFAULT_TEXTS, format_table, half_load_tails, save_plot
 from tools.bench.inprocess import InProcessEncoder, LimitResult, read_setup
 from tools.bench.served import ServedResult
 from tools.cli import cli
@@ -37,6 +37,22 @@ def test_format_table_gives_served_over_best_limit_ratio():
     assert grpc_row.split()[-1] == "0.85"  # 170 / 200
     assert http_row.split()[-1] == "0.45"  # 90 / 200
     assert "limit = in-process, pad to longest, batch 8: 200.0 texts/s" in table
+
+
+def test_half_load_tail_is_the_open_loop_p99_over_the_unloaded_p50_with_a_verdict():
+    limits = [_limit(8, 200.0)]
+    unloaded = dataclasses.replace(_served("grpc", 1, 50.0), p50_ms=8.0)
+    half = dataclasses.replace(_served("grpc", 0, 75.0), p99_ms=30.0, offered_rps=75.0)
+    http_half = dataclasses.replace(_served("http", 0, 60.0), p99_ms=16.0, offered_rps=60.0)
+    served = [unloaded, _served("grpc", 8, 150.0), half, http_half]
+    tails = half_load_tails(served)
+    assert tails[0]["ratio"] == pytest.approx(30.0 / 8.0) and tails[0]["unloaded_p50_ms"] == 8.0
+    assert tails[1]["ratio"] is None  # no http c=1 point
+    table = format_table(limits, served)
+    assert "r=75" in table  # the open-loop row is labelled by its rate
+    assert ("tail at half load, text_embedding grpc: P99 30.0 ms at r=75/s = 3.8 x the unloaded "
+            "P50 8.0 ms (target <= 2.5 x: not met)") in table
+    assert "tail at half load, text_embedding http: no c=1 point" in table
 
 
 def test_save_plot_writes_a_png(tmp_path: Path):
@@ -126,13 +142,20 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
     assert {(r["variant"].split(",")[1].strip(), r["batch_size"]) for r in report["in_process"]} >= {
         ("pad to longest", 1), ("pad to longest", 4)}
     pipelines = ("text_embedding", "text_embedding_int8", "text_embedding_bf16")
-    assert {(s["pipeline"], s["protocol"], s["concurrency"]) for s in report["served"]} == {
+    closed = [s for s in report["served"] if s["offered_rps"] is None]
+    assert {(s["pipeline"], s["protocol"], s["concurrency"]) for s in closed} == {
         (p, proto, c) for p in pipelines for proto in ("grpc", "http") for c in (1, 4)}
     assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
     for pipeline in pipelines:  # each against its own in-process limit
         best = max(r["throughput"] for r in report["in_process"] if r["pipeline"] == pipeline)
-        top = max(s["throughput"] for s in report["served"] if s["pipeline"] == pipeline)
+        top = max(s["throughput"] for s in closed if s["pipeline"] == pipeline)
         assert report["pipelines"][pipeline]["best_ratio"] == pytest.approx(top / best)
+        # then an open loop at half of the best served point of each protocol
+        for tail in report["pipelines"][pipeline]["half_load"]:
+            own = [s for s in closed if s["pipeline"] == pipeline and s["protocol"] == tail["protocol"]]
+            assert tail["offered_rps"] == pytest.approx(max(s["throughput"] for s in own) / 2)
+            assert tail["ratio"] == pytest.approx(tail["p99_ms"] / tail["unloaded_p50_ms"])
+        assert {t["protocol"] for t in report["pipelines"][pipeline]["half_load"]} == {"grpc", "http"}
     assert report["best_ratio"] == report["pipelines"]["text_embedding"]["best_ratio"]
     assert report["pipelines"]["text_embedding_int8"]["onnx_file"] == "model.int8.onnx"
     assert report["pipelines"]["text_embedding_bf16"]["runtime"] == "openvino bf16"

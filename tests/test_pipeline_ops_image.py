@@ -113,7 +113,7 @@ def test_decode_applies_exif_orientation_when_tag_says_rotate():
 
 def test_decode_uses_reduced_jpeg_scale_but_keeps_shorter_side_when_jpeg_is_large():
     big = encode(Image.new("RGB", (2400, 1800), (90, 120, 150)), "JPEG", quality=90)
-    decoded = image.decode(big, SETTINGS.max_pixels, resize_shorter=256)
+    decoded = image.decode(big, SETTINGS.max_pixels, min_side=256)
     assert min(decoded.size) >= 256
     assert decoded.size[0] < 2400  # decoded at a reduced DCT scale, not at full size
     np.testing.assert_allclose(
@@ -121,6 +121,18 @@ def test_decode_uses_reduced_jpeg_scale_but_keeps_shorter_side_when_jpeg_is_larg
         image.normalise(Image.new("RGB", (224, 224), (90, 120, 150))),
         atol=3 / 127.5,
     )
+
+
+def test_jpeg_draft_off_decodes_a_large_jpeg_at_full_scale():
+    picture = Image.fromarray(np.random.default_rng(2).integers(0, 255, (1800, 2400, 3), np.uint8))
+    big = encode(picture, "JPEG", quality=90)
+    off = image.PreprocessSettings.from_parameters({"jpeg_draft": "false"}, "image_preprocess")
+    assert off.jpeg_draft is False and SETTINGS.jpeg_draft is True
+    full = image.resize_and_crop(image.decode(big, SETTINGS.max_pixels), 256, 224)
+    np.testing.assert_array_equal(image.preprocess(big, off), image.normalise(full))
+    # with draft (the default) the same image is decoded at half scale: close, not identical
+    drafted = image.preprocess(big, SETTINGS)
+    assert not np.array_equal(drafted, image.preprocess(big, off))
 
 
 # --- channel handling: everything becomes RGB -----------------------------------------------------
@@ -301,6 +313,7 @@ def test_preprocess_requests_fails_only_the_bad_request_when_batch_mixes_good_an
             {"image_size": "300", "resize_shorter": "256"},
             "parameter 'resize_shorter' \\(256\\) must be at least",
         ),
+        ({"jpeg_draft": "maybe"}, "parameter 'jpeg_draft' must be true or false, got 'maybe'"),
     ],
 )
 def test_settings_from_parameters_raise_configuration_error_naming_model_and_parameter(
@@ -389,3 +402,29 @@ def test_postprocess_requests_returns_indices_scores_labels_per_request_when_bat
 def test_postprocess_requests_raises_when_k_exceeds_the_labels():
     with pytest.raises(ValueError, match="top_k must be between 1 and 2"):
         topk.postprocess_requests([], np.array([b"a", b"b"], dtype=np.object_), 3)
+
+
+# --- JPEG draft mode on real photos: what it saves must not change the answer -------------------
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png"])
+def test_jpeg_draft_keeps_the_top5_of_the_full_decode_on_phone_sized_photos(name, built_repository):
+    import skimage
+    from pipeline_ops.onnx_session import make_session
+
+    photo = Image.open(pathlib.Path(skimage.__file__).parent / "data" / name).convert("RGB")
+    scale = max(2, int((12e6 / (photo.width * photo.height)) ** 0.5))  # ~12 MP, as a phone photo
+    data = encode(photo.resize((photo.width * scale, photo.height * scale), Image.Resampling.BICUBIC),
+                  "JPEG", quality=90)
+    session = make_session(pathlib.Path(built_repository) / "efficientnet_lite0" / "1" / "model.onnx", 1)
+    full = image.PreprocessSettings(jpeg_draft=False)
+
+    def top5(settings):
+        (logits,) = session.run(["logits"], {"pixel_values": image.preprocess(data, settings)[None]})
+        return topk.top_k(logits, 5)[0][0].tolist()
+
+    drafted = image.decode(data, SETTINGS.max_pixels, 2 * SETTINGS.resize_shorter)
+    assert min(drafted.size) >= 2 * SETTINGS.resize_shorter
+    assert drafted.size[0] <= -(-photo.width * scale // 4)  # at 1/4 or 1/8 of the side (rounded up)
+    assert top5(SETTINGS) == top5(full)

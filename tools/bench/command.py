@@ -35,6 +35,29 @@ def _ints(value: str, option: str) -> list[int]:
     return out
 
 
+# Issue 13's tail target: P99 at half of the maximum throughput within this many times the
+# unloaded P50 (concurrency 1).
+HALF_LOAD_TARGET = 2.5
+
+
+def half_load_tails(served: Sequence[ServedResult]) -> list[dict[str, Any]]:
+    """Per pipeline and protocol with an open-loop point: its P99 against the P50 at c=1."""
+    out = []
+    for s in served:
+        if not s.offered_rps:
+            continue
+        unloaded = next((u for u in served if u.pipeline == s.pipeline and u.protocol == s.protocol
+                         and u.concurrency == 1 and not u.offered_rps), None)
+        p50 = unloaded.p50_ms if unloaded else None
+        out.append({
+            "pipeline": s.pipeline, "protocol": s.protocol, "offered_rps": s.offered_rps,
+            "throughput": s.throughput, "p99_ms": s.p99_ms, "unloaded_p50_ms": p50,
+            "ratio": (s.p99_ms / p50) if (p50 and s.p99_ms) else None,
+            "target": HALF_LOAD_TARGET,
+        })
+    return out
+
+
 def format_table(limits: Sequence[LimitResult], served: Sequence[ServedResult]) -> str:
     """The side-by-side table, one block per pipeline; ratio is over that pipeline's own limit.
 
@@ -68,13 +91,14 @@ def format_table(limits: Sequence[LimitResult], served: Sequence[ServedResult]) 
         points = [s for s in served if s.pipeline == pipeline]
         for s in points:
             lines.append(
-                f"{'served ' + pipeline + ' ' + s.protocol:<36} {'c=' + str(s.concurrency):>10} "
+                f"{'served ' + pipeline + ' ' + s.protocol:<36} {s.label:>10} "
                 f"{s.throughput:>9.1f} {fmt(s.p50_ms):>8} {fmt(s.p99_ms):>8} "
                 f"{fmt(s.encoder_mean_batch, '.2f'):>9} {fmt(s.encoder_queue_ms):>9} "
                 f"{s.throughput / best.throughput:>6.2f}"
             )
-        if points:
-            best_served[pipeline] = max(points, key=lambda s: s.throughput)
+        closed = [s for s in points if not s.offered_rps]
+        if closed:
+            best_served[pipeline] = max(closed, key=lambda s: s.throughput)
         if len(pipelines) > 1:
             lines.append("")
         footers.append(f"* {tag}limit = {best.variant}, batch {best.batch_size}: "
@@ -88,6 +112,16 @@ def format_table(limits: Sequence[LimitResult], served: Sequence[ServedResult]) 
             lines.append(f"best served {pipeline}: {point.throughput:.1f} texts/s "
                          f"({point.protocol} c={point.concurrency}) = "
                          f"{point.throughput / base.throughput:.2f} x {first}")
+    for tail in half_load_tails(served):
+        if tail["ratio"] is None:
+            lines.append(f"tail at half load, {tail['pipeline']} {tail['protocol']}: no c=1 point "
+                         f"(or no success) to compare with")
+            continue
+        verdict = "met" if tail["ratio"] <= tail["target"] else "not met"
+        lines.append(f"tail at half load, {tail['pipeline']} {tail['protocol']}: P99 "
+                     f"{tail['p99_ms']:.1f} ms at r={tail['offered_rps']:.0f}/s = "
+                     f"{tail['ratio']:.1f} x the unloaded P50 {tail['unloaded_p50_ms']:.1f} ms "
+                     f"(target <= {tail['target']:g} x: {verdict})")
     return "\n".join(lines)
 
 
@@ -103,8 +137,8 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
     palette = iter(["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"])
     several = len({s.pipeline for s in served}) > 1
     for pipeline, protocol in sorted({(s.pipeline, s.protocol) for s in served}):
-        points = sorted((s for s in served
-                         if s.pipeline == pipeline and s.protocol == protocol and s.p99_ms),
+        points = sorted((s for s in served if s.pipeline == pipeline and s.protocol == protocol
+                         and s.p99_ms and not s.offered_rps),
                         key=lambda s: s.concurrency)
         xs = [s.throughput for s in points]
         color = next(palette, None)
@@ -168,12 +202,15 @@ def save_plot(limits: Sequence[LimitResult], served: Sequence[ServedResult], pat
               help="Unmeasured seconds before each served point.")
 @click.option("--min-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="In-process: repeat passes over the texts for at least this long.")
+@click.option("--half-load/--no-half-load", default=True, show_default=True,
+              help="After each pipeline's sweep, an open loop at half of its best served "
+              "throughput: its P99 against the unloaded P50 (c=1).")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path),
               default=Path("reports/bench"), show_default=True,
               help="Folder for bench.json and bench.png.")
 def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: Path,
           pipelines: str, batch_sizes: str, concurrency: str, protocol: str, duration: float,
-          warmup: float, min_seconds: float, output: Path) -> None:
+          warmup: float, min_seconds: float, half_load: bool, output: Path) -> None:
     """Measure served text pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
@@ -241,13 +278,25 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
                                f"{result.throughput:.1f} texts/s, "
                                f"P99 {result.p99_ms or float('nan'):.1f} ms, errors "
                                f"{result.errors}", err=True)
+                if half_load:
+                    top = max((x for x in served if x.pipeline == one.pipeline
+                               and x.protocol == proto), key=lambda x: x.throughput)
+                    result = measure_served(proto, endpoints[proto], http_url, texts, 0,
+                                            warmup_s=warmup, duration_s=duration,
+                                            pipeline=one.pipeline, encoder_model=one.encoder,
+                                            rate=max(top.throughput / 2, 1.0))
+                    served.append(result)
+                    click.echo(f"  served {one.pipeline} {proto} {result.label} (half of "
+                               f"{top.throughput:.1f}): {result.throughput:.1f} texts/s, P99 "
+                               f"{result.p99_ms or float('nan'):.1f} ms, errors {result.errors}",
+                               err=True)
 
     table = format_table(limits, served)
     click.echo(table)
     per_pipeline = {}
     for one in setups:
         own = [r for r in limits if r.pipeline == one.pipeline]
-        points = [x for x in served if x.pipeline == one.pipeline]
+        points = [x for x in served if x.pipeline == one.pipeline and not x.offered_rps]
         best, top = max(own, key=lambda r: r.throughput), max(points, key=lambda x: x.throughput)
         per_pipeline[one.pipeline] = {
             "encoder": one.encoder,
@@ -266,6 +315,7 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
             "limit": best.to_dict(),
             "best_served": top.to_dict(),
             "best_ratio": top.throughput / best.throughput,
+            "half_load": [t for t in half_load_tails(served) if t["pipeline"] == one.pipeline],
         }
     first = per_pipeline[setups[0].pipeline]
     payload: dict[str, Any] = {

@@ -1,8 +1,10 @@
-"""The served side of the benchmark: closed-loop asyncio clients at a fixed concurrency.
+"""The served side of the benchmark: closed-loop asyncio clients at a fixed concurrency, or an
+open loop at a fixed rate.
 
-One event loop drives ``concurrency`` workers with tritonclient's asyncio clients (gRPC or HTTP),
-one text per request, over the same texts as the in-process limit; Triton's statistics before and
-after the measured window give the encoder's mean executed batch.
+One event loop drives ``concurrency`` workers (or sends one request every ``1 / rate`` seconds,
+whatever is still in flight) with tritonclient's asyncio clients (gRPC or HTTP), one text per
+request, over the same texts as the in-process limit; Triton's statistics before and after the
+measured window give the encoder's mean executed batch.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ class ServedResult:
     encoder_compute_ms: float | None
     first_error: str = ""
     pipeline: str = MODEL
+    # Open loop: the offered rate (requests/s); ``concurrency`` is then 0. Latency is counted
+    # from each request's scheduled send time, so a client that falls behind shows as latency.
+    offered_rps: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``c=8`` for a closed-loop point, ``r=151`` for an open-loop one."""
+        return f"r={self.offered_rps:.0f}" if self.offered_rps else f"c={self.concurrency}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -68,13 +78,14 @@ async def _sweep_point(
     duration_s: float,
     pipeline: str,
     encoder_model: str,
+    rate: float | None = None,
 ) -> ServedResult:
     mod = _client_module(protocol)
     if protocol == "grpc":
         client = mod.InferenceServerClient(url)
         outputs = [mod.InferRequestedOutput("EMBEDDING")]
     else:
-        client = mod.InferenceServerClient(url, conn_limit=concurrency)
+        client = mod.InferenceServerClient(url, conn_limit=concurrency if not rate else 256)
         outputs = [mod.InferRequestedOutput("EMBEDDING", binary_data=True)]
     inputs = []
     for text in texts:
@@ -91,22 +102,35 @@ async def _sweep_point(
         await asyncio.sleep(max(0.0, when - time.perf_counter()))
         snapshots[key] = await asyncio.to_thread(triton_stats.fetch_statistics, stats_url, "http")
 
+    async def one(t0: float) -> None:
+        try:
+            await client.infer(pipeline, inputs[next(order)], outputs=outputs)
+            error = ""
+        except Exception as exc:  # noqa: BLE001 - counted; the first one is reported
+            error = " ".join(str(exc).split())[:200] or type(exc).__name__
+        latency_ms = (time.perf_counter() - t0) * 1000.0
+        records.append(stats.Record(t0 - start, latency_ms, not error, error))
+
     async def worker() -> None:
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= window_end:
-                return
-            try:
-                await client.infer(pipeline, inputs[next(order)], outputs=outputs)
-                error = ""
-            except Exception as exc:  # noqa: BLE001 - counted; the first one is reported
-                error = " ".join(str(exc).split())[:200] or type(exc).__name__
-            latency_ms = (time.perf_counter() - t0) * 1000.0
-            records.append(stats.Record(t0 - start, latency_ms, not error, error))
+        while (t0 := time.perf_counter()) < window_end:
+            await one(t0)
+
+    async def open_loop() -> None:
+        sent: list[asyncio.Task] = []
+        for i in itertools.count():
+            scheduled = start + i / rate
+            if scheduled >= window_end:
+                break
+            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+            sent.append(asyncio.create_task(one(scheduled)))
+        await asyncio.gather(*sent)
 
     try:
         before = asyncio.create_task(snapshot_at(window_start, "before"))
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        if rate:
+            await open_loop()
+        else:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
         await before
         snapshots["after"] = await asyncio.to_thread(
             triton_stats.fetch_statistics, stats_url, "http"
@@ -115,12 +139,13 @@ async def _sweep_point(
         await client.close()
     encoder = triton_stats.window(snapshots["before"], snapshots["after"]).get(encoder_model)
     measured = stats.Window(warmup_s, warmup_s + duration_s)
-    return served_result(protocol, concurrency, records, measured, encoder, pipeline)
+    return served_result(protocol, 0 if rate else concurrency, records, measured, encoder,
+                         pipeline, rate)
 
 
 def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed],
                   window: stats.Window, encoder: triton_stats.ModelWindow | None = None,
-                  pipeline: str = MODEL) -> ServedResult:
+                  pipeline: str = MODEL, offered_rps: float | None = None) -> ServedResult:
     """One sweep point's figures from its raw records (``tools.stats``' window rule).
 
     Args:
@@ -130,8 +155,10 @@ def served_result(protocol: str, concurrency: int, records: Sequence[stats.Timed
         window: The measured window.
         encoder: Triton's view of the encoder over the window, if known.
         pipeline: The pipeline measured.
+        offered_rps: The open loop's rate (None: closed loop at ``concurrency``).
     """
     return ServedResult(
+        offered_rps=offered_rps,
         protocol=protocol,
         concurrency=concurrency,
         encoder_mean_batch=encoder.mean_batch if encoder else None,
@@ -153,8 +180,10 @@ def measure_served(
     duration_s: float = 15.0,
     pipeline: str = MODEL,
     encoder_model: str = ENCODER,
+    rate: float | None = None,
 ) -> ServedResult:
-    """Closed-loop load at ``concurrency`` for ``warmup_s`` + ``duration_s``; measure the latter.
+    """Closed-loop load at ``concurrency`` (or, with ``rate``, an open loop of ``rate``
+    requests/s) for ``warmup_s`` + ``duration_s``; measure the latter.
 
     Args:
         protocol: ``grpc`` or ``http``.
@@ -166,8 +195,9 @@ def measure_served(
         duration_s: Seconds measured.
         pipeline: The text pipeline (ensemble) the requests go to.
         encoder_model: Its encoder, whose executed batch and queue time are reported.
+        rate: Requests per second of an open loop (None: closed loop).
     """
     return asyncio.run(
         _sweep_point(protocol, url, stats_url, texts, concurrency, warmup_s, duration_s, pipeline,
-                     encoder_model)
+                     encoder_model, rate)
     )

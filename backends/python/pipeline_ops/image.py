@@ -18,7 +18,10 @@ Decisions, kept identical in the served model and the in-process reference (both
   ``image_size`` × ``image_size`` square is kept, computed in one bicubic resize of the source
   box (bicubic, as TensorFlow's EfficientNet evaluation does; resizing only the crop box also
   keeps a 1 × 100000 image from growing a huge intermediate). Large JPEGs are decoded at a
-  reduced DCT scale that still leaves the shorter side at least ``resize_shorter``.
+  reduced DCT scale (draft mode) that still leaves the shorter side at least twice
+  ``resize_shorter``: 4-5x faster decode + resize of a 12 MP photo, top-5 unchanged on the
+  photos checked, where a draft down to ``resize_shorter`` itself moved rank 5 on 7 of 14
+  (docs/cpu-speed.md).
 * Values: ``(x - 127.5) / 127.5``, so pixels lie in [-1, 1], channels first. With the ``mean``
   and ``std`` parameters (per channel, on pixels scaled to [0, 1], as torchvision/timm declare
   them): ``(x / 255 - mean) / std``. ``channel_order`` ``BGR`` reverses the channels.
@@ -60,6 +63,9 @@ class PreprocessSettings:
         mean: per-channel mean on [0, 1] pixels (with ``std``); None: ``(x - 127.5) / 127.5``.
         std: per-channel standard deviation on [0, 1] pixels (with ``mean``).
         channel_order: ``RGB`` or ``BGR``, the order of the output channels.
+        jpeg_draft: decode a large JPEG at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps the
+            shorter side at least ``2 * resize_shorter`` (parameter ``jpeg_draft``, default on;
+            docs/cpu-speed.md has the gain and the top-5 check).
     """
 
     image_size: int = 224
@@ -68,6 +74,7 @@ class PreprocessSettings:
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
     channel_order: str = "RGB"
+    jpeg_draft: bool = True
 
     def __post_init__(self) -> None:
         if (self.mean is None) != (self.std is None):
@@ -121,6 +128,14 @@ class PreprocessSettings:
                 values[name] = channels
         if "channel_order" in parameters:
             values["channel_order"] = parameters["channel_order"].upper()
+        if "jpeg_draft" in parameters:
+            flag = parameters["jpeg_draft"].strip().lower()
+            if flag not in ("true", "false", "1", "0"):
+                raise ConfigurationError(
+                    f"model {model!r}: parameter 'jpeg_draft' must be true or false, "
+                    f"got {parameters['jpeg_draft']!r}"
+                )
+            values["jpeg_draft"] = flag in ("true", "1")
         try:
             return cls(**values)
         except ConfigurationError as exc:
@@ -180,15 +195,15 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def decode(
-    data: bytes, max_pixels: int, resize_shorter: int = 0, row: int | None = None
+    data: bytes, max_pixels: int, min_side: int = 0, row: int | None = None
 ) -> Image.Image:
     """Decode JPEG/PNG bytes to an upright 8-bit RGB image, refusing oversized or broken data.
 
     Args:
         data: the encoded image.
         max_pixels: largest declared width × height accepted.
-        resize_shorter: if positive, a JPEG may be decoded at a reduced DCT scale that keeps both
-            sides at least this long.
+        min_side: if positive, a JPEG may be decoded at a reduced DCT scale that keeps both
+            sides at least this long (JPEG draft mode).
         row: the batch row, for the error message.
 
     Returns:
@@ -217,8 +232,8 @@ def decode(
     width, height = image.size
     if width * height > max_pixels:
         raise _too_large(row, image.size, max_pixels)
-    if image.format == "JPEG" and resize_shorter > 0:
-        image.draft(None, (resize_shorter, resize_shorter))
+    if image.format == "JPEG" and min_side > 0:
+        image.draft(None, (min_side, min_side))
     try:
         image.load()
         ImageOps.exif_transpose(image, in_place=True)
@@ -266,7 +281,10 @@ def preprocess(data: bytes, settings: PreprocessSettings, row: int | None = None
     Raises:
         InvalidInput: the image cannot be used (see ``decode``).
     """
-    image = decode(data, settings.max_pixels, settings.resize_shorter, row)
+    # Draft only down to twice the resize target: the bicubic resize still has pixels to
+    # average, and the top-5 stays that of the full decode (docs/cpu-speed.md).
+    draft_to = 2 * settings.resize_shorter if settings.jpeg_draft else 0
+    image = decode(data, settings.max_pixels, draft_to, row)
     return normalise(resize_and_crop(image, settings.resize_shorter, settings.image_size), settings)
 
 
