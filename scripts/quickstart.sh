@@ -38,6 +38,9 @@ for protocol in http grpc; do
   $TOOLS infer image_classification --protocol "$protocol" --url "$url" \
     --image "$CHELSEA" --image "$COFFEE"
 done
+# the same text through the OpenVINO bf16 variant (the fastest text pipeline on a bf16 CPU)
+$TOOLS infer text_embedding_bf16 --protocol grpc --url "127.0.0.1:$GRPC_PORT" \
+  --text "Triton serves this sentence as a 384-dimensional unit vector."
 
 step "5/5 short load check (Locust, exact-P99 gate, CPU SLO profile)"
 gate=0

@@ -253,7 +253,7 @@ class PytorchBuilder(SpecEntryBuilder):
                 resolve_file(gate.tokenizer, spec.root, where), fp32_runner, candidate,
             )
             record["quality"] = report.to_dict()
-            stages.result.note = (f"{precision}: min cosine {report.min_cosine:.4f}, "
+            stages.result.note = (f"{precision}: min cosine {report.min_cosine:.5f}, "
                                   f"top-{gate.neighbours} agreement {report.neighbour_agreement:.3f}")
             if runs_as != precision:
                 stages.result.note += (f"; this CPU runs OpenVINO {precision} as {runs_as}, so the "
