@@ -214,7 +214,8 @@ def test_spec_refuses_cpu_instances_for_a_tensorrt_plan_naming_the_field(tmp_pat
 def test_a_lone_instance_behind_a_bounded_queue_gets_a_note_and_the_shipped_spec_none(tmp_path):
     shipped = load_spec(SPEC)
     assert cfg.queue_stall_advisories(render_all(shipped, "cpu"), [m.name for m in shipped.models]) == []
-    assert cfg.queue_stall_advisories(render_all(shipped, "gpu"), [m.name for m in shipped.models]) == []
+    gpu = shipped.for_target("gpu")
+    assert cfg.queue_stall_advisories(render_all(shipped, "gpu"), [m.name for m in gpu.models]) == []
 
     text = SPEC.read_text()
     start = text.index("  efficientnet_lite0:")

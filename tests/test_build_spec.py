@@ -358,3 +358,46 @@ def test_spec_hash_is_stable_and_changes_with_the_entry_and_the_target():
     assert spec_hash(encoder, "cpu") != spec_hash(spec.find("efficientnet_lite0"), "cpu")
     changed = dataclasses.replace(encoder, opset=18)
     assert spec_hash(changed, "cpu") != spec_hash(encoder, "cpu")
+
+
+# --- targets ----------------------------------------------------------------------------------
+
+
+def test_a_pipeline_on_a_target_its_step_model_is_not_built_for_is_refused_naming_both(tmp_path):
+    data = project_spec()
+    data["pipelines"]["text_embedding_bf16"].pop("targets")  # both targets, model only cpu
+    with pytest.raises(SpecError) as info:
+        load_spec(write_spec(tmp_path, data))
+    message = str(info.value)
+    assert "pipeline 'text_embedding_bf16': field 'targets' includes ['gpu']" in message
+    assert "step model 'minilm_encoder_bf16' is built only for ['cpu']" in message
+
+
+@pytest.mark.parametrize("targets, problem", [([], "at least 1"), (["tpu"], "'cpu' or 'gpu'")])
+def test_targets_must_be_a_non_empty_list_of_known_targets(tmp_path, targets, problem):
+    data = project_spec()
+    data["models"]["minilm_encoder_int8"]["targets"] = targets
+    with pytest.raises(SpecError, match=r"model 'minilm_encoder_int8': field 'targets"):
+        load_spec(write_spec(tmp_path, data))
+
+
+def test_for_target_drops_the_entries_built_for_other_targets_only():
+    spec = load_spec(REPO_ROOT / "repository.yaml")
+    gpu = spec.for_target("gpu")
+    assert {m.name for m in gpu.models} == {"minilm_encoder", "efficientnet_lite0"}
+    assert {p.name for p in gpu.pipelines} == {"text_embedding", "image_classification"}
+    assert gpu.python_models == spec.python_models
+    assert spec.for_target("cpu") == spec
+    assert spec.find("minilm_encoder").targets == ("cpu", "gpu")
+    tokenizer = dict(spec.find("text_tokenizer").parameters_for("gpu"))
+    assert tokenizer["admission_models"] == "minilm_encoder"  # the gate names what gpu serves
+
+
+def test_only_names_a_model_left_out_of_the_target_with_its_targets(tmp_path):
+    from tools.build_repo.pipeline import build_repository
+
+    with pytest.raises(UserInputError, match=r"--only minilm_encoder_bf16: not built for target "
+                                             r"gpu \(its targets: \['cpu'\]\)"):
+        build_repository(spec_path=REPO_ROOT / "repository.yaml", output=tmp_path / "out",
+                         target="gpu", only=["minilm_encoder_bf16"], progress=False)
+    assert not (tmp_path / "out").exists()

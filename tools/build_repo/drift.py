@@ -21,6 +21,7 @@ def check_repository(spec_path: Path, output: Path, target: str | None = None) -
     """
     spec = load_spec(Path(spec_path))
     target = target or spec.target
+    spec = spec.for_target(target)
     output = Path(output)
     drift = []
     for name, config in render_all(spec, target).items():

@@ -133,7 +133,8 @@ def ensemble_config(pipeline: PipelineSpec) -> TritonModelConfig:
 
 
 def render_all(spec: RepoSpec, target: str) -> dict[str, TritonModelConfig]:
-    """Typed configs of every model and pipeline in the spec, pipelines checked.
+    """Typed configs of every model and pipeline of the spec built for ``target``, pipelines
+    checked.
 
     Raises:
         EnsembleError: a pipeline is inconsistent.
@@ -141,6 +142,7 @@ def render_all(spec: RepoSpec, target: str) -> dict[str, TritonModelConfig]:
     """
     from tools.build_repo.config import model_config, python_model_config
 
+    spec = spec.for_target(target)  # models and pipelines whose `targets` leave it out are not built
     configs: dict[str, TritonModelConfig] = {}
     for model in spec.models:
         configs[model.name] = model_config(model, target)

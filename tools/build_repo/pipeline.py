@@ -68,15 +68,19 @@ def build_repository(
             in ``BuildError`` naming the model.
     """
     started = time.perf_counter()
-    spec = load_spec(Path(spec_path))
-    target = target or spec.target
+    full = load_spec(Path(spec_path))
+    target = target or full.target
     if target not in TARGETS:
         raise UserInputError(f"--target must be one of {list(TARGETS)}, got {target!r}")
+    spec = full.for_target(target)
     output = Path(output).resolve()
     configs = render_all(spec, target)  # ensembles are checked here, before anything is built
     texts = {name: cfg.render(c.to_message()) for name, c in configs.items()}
     names = spec.names()
     for name in only or []:
+        if name in full.names() and name not in names:
+            raise UserInputError(f"--only {name}: not built for target {target} (its targets: "
+                                 f"{list(full.find(name).targets)})")
         if name not in names:
             raise UserInputError(f"--only {name}: not in {spec.path} (have {names})")
     selected = [n for n in names if not only or n in only]

@@ -485,6 +485,7 @@ class ModelSpec:
     gpu: GpuSpec
     recipe: RecipeSpec | None = dataclasses.field(default=None, kw_only=True)
     cpu: CpuSpec = dataclasses.field(default_factory=CpuSpec, kw_only=True)
+    targets: tuple[str, ...] = dataclasses.field(default=TARGETS, kw_only=True)
 
     def axis(self, name: str) -> AxisSpec:
         """The named dynamic axis."""
@@ -550,6 +551,7 @@ class PipelineSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     steps: tuple[StepSpec, ...]
+    targets: tuple[str, ...] = TARGETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -572,6 +574,14 @@ class RepoSpec:
     def names(self) -> list[str]:
         """Every model and pipeline name, in spec order."""
         return [m.name for m in (*self.models, *self.python_models, *self.pipelines)]
+
+    def for_target(self, target: str) -> RepoSpec:
+        """The spec without the models and pipelines whose ``targets`` leave ``target`` out."""
+        return dataclasses.replace(
+            self,
+            models=tuple(m for m in self.models if target in m.targets),
+            pipelines=tuple(p for p in self.pipelines if target in p.targets),
+        )
 
     def find(self, name: str) -> ModelSpec | PythonModelSpec | PipelineSpec:
         """The model or pipeline called ``name``."""
@@ -802,6 +812,12 @@ class ModelYaml:
     cpu: CpuSpec = Field(
         default_factory=CpuSpec, description="How the cpu target serves the model."
     )
+    targets: Annotated[tuple[Target, ...], AfterValidator(non_empty), _MIN_ONE] = Field(
+        TARGETS,
+        description="The targets this entry is built for (default both). A variant that only "
+        "makes sense on one target (the cpu target's int8 or OpenVINO encoders) says `[cpu]`; "
+        "a pipeline may only use models built for each of its targets.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelYaml:
@@ -876,6 +892,7 @@ class ModelYaml:
             rtol=self.tolerance.rtol, dynamic_batching=self.dynamic_batching,
             instances=self.instances, warmup=warmup,
             version_policy_latest=self.version_policy.latest, gpu=self.gpu, cpu=self.cpu,
+            targets=tuple(self.targets),
         )
 
 
@@ -1073,6 +1090,12 @@ class PipelineYaml:
     steps: Annotated[tuple[StepYaml, ...], AfterValidator(non_empty), _MIN_ONE] = Field(
         description="Steps in order."
     )
+    targets: Annotated[tuple[Target, ...], AfterValidator(non_empty), _MIN_ONE] = Field(
+        TARGETS,
+        description="The targets this entry is built for (default both). A variant that only "
+        "makes sense on one target (the cpu target's int8 or OpenVINO encoders) says `[cpu]`; "
+        "a pipeline may only use models built for each of its targets.",
+    )
 
     def resolve(self, name: str) -> PipelineSpec:
         """The builder's view of this entry."""
@@ -1080,7 +1103,8 @@ class PipelineYaml:
             StepSpec(s.model, tuple(s.inputs.items()), tuple(s.outputs.items()))
             for s in self.steps
         )
-        return PipelineSpec(name, self.max_batch_size, self.inputs, self.outputs, steps)
+        return PipelineSpec(name, self.max_batch_size, self.inputs, self.outputs, steps,
+                            tuple(self.targets))
 
 
 def _fits_the_cores(entry: ModelYaml | PythonModelYaml, info: ValidationInfo) -> Any:
@@ -1138,6 +1162,20 @@ class RepositoryYaml:
         if duplicates:
             raise fail("duplicate_name",
                        f"names used by more than one model or pipeline: {duplicates}")
+        return self
+
+    @model_validator(mode="after")
+    def _pipelines_on_their_models_targets(self) -> RepositoryYaml:
+        rules = Rules()
+        for name, pipeline in self.pipelines.items():
+            for step in pipeline.steps:
+                model = self.models.get(step.model)
+                missing = [t for t in pipeline.targets if model and t not in model.targets]
+                if missing:
+                    rules.add(("pipelines", name, "targets"),
+                              f"includes {missing}, but step model {step.model!r} is built only "
+                              f"for {list(model.targets)}: give the pipeline the same targets")
+        rules.raise_any()
         return self
 
     def resolve(self, path: Path) -> RepoSpec:

@@ -95,7 +95,7 @@ def size_pod(
     """Size one replica for ``target``.
 
     Args:
-        spec: The repository spec.
+        spec: The repository spec (entries whose ``targets`` leave ``target`` out are ignored).
         target: ``cpu`` or ``gpu``.
         cpu: Cores per replica; default the spec's ``cpu_cores``.
         gpus: GPUs per replica (gpu target); default one more than the highest index used.
@@ -105,6 +105,7 @@ def size_pod(
         ResourceError: a model's instances need more cores or GPUs than given, or the memory
             given is below the need; the message names the model, the field and the numbers.
     """
+    spec = spec.for_target(target)  # only what the builder writes for this target runs
     cores = spec.cpu_cores if cpu is None else cpu
     lines: list[tuple[str, int]] = [("tritonserver", SERVER_BASE_MIB[target])]
     shm = 0
