@@ -235,7 +235,7 @@ class PytorchBuilder(SpecEntryBuilder):
         spec, model = self.spec, self.model
         precision = model.cpu.precision
         candidate, runs_as = stages.run("openvino", openvino_runner, str(onnx_path),
-                                        spec.cpu_cores, precision)
+                                        spec.cpu_cores, precision, spec.backends)
         record: dict[str, Any] = {"level": model.cpu.optimize, "runtime": "openvino",
                                   "precision": precision, "runs_as": runs_as}
         if precision == "fp32":

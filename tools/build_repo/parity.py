@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -148,27 +149,25 @@ def figures_to_manifest(figures: list[ParityFigure]) -> list[dict]:
     return [asdict(f) for f in figures]
 
 
-def openvino_runner(path: str, threads: int = 2, precision: str = "fp32") -> tuple[Runner, str]:
-    """An OpenVINO CPU model as a ``Runner``, and the precision the plugin really runs
-    (``bf16``, or ``f32`` on a CPU without bf16: OpenVINO falls back silently).
-
-    The properties that shape the numbers match the served ones
-    (``pipeline_ops.onnx_session.openvino_properties``): the inference precision hint.
+def openvino_runner(path: str, threads: int, precision: str, backends: Path) -> tuple[Runner, str]:
+    """The served OpenVINO session (``pipeline_ops.onnx_session.OpenVinoSession`` of the spec's
+    ``backends`` folder, so the same properties) as a ``Runner``, and the precision the plugin
+    really runs (``bf16``, or ``f32`` on a CPU without bf16: OpenVINO falls back silently).
     """
-    import openvino
+    import sys
 
-    compiled = openvino.Core().compile_model(path, "CPU", {
-        "INFERENCE_NUM_THREADS": max(threads, 1), "ENABLE_CPU_PINNING": False,
-        "INFERENCE_PRECISION_HINT": {"fp32": "f32", "bf16": "bf16"}[precision],
-    })
-    request = compiled.create_infer_request()
-    outputs = {o.get_any_name(): o for o in compiled.outputs}
+    sys.path.insert(0, str(backends))
+    try:
+        from pipeline_ops.onnx_session import OpenVinoSession
+    finally:
+        sys.path.pop(0)
+    session = OpenVinoSession(path, threads, precision)
+    names = [o.name for o in session.get_outputs()]
 
     def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = request.infer(inputs)
-        return {name: np.array(result[port]) for name, port in outputs.items()}
+        return dict(zip(names, session.run(names, inputs)))
 
-    return run, compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+    return run, session.precision
 
 
 def onnxruntime_runner(path: str, threads: int = 2) -> Runner:
