@@ -132,5 +132,7 @@ def test_mixed_length_requests_share_encoder_executions_only_with_buckets(
     assert 64 in buckets
     # Without buckets each of the 16 lengths is its own shape: nothing can be merged.
     assert executions_plain >= len(ONE_BUCKET) - 2, executions_plain
-    # With them all 16 are [1, 64] and share a few executions.
-    assert executions_buckets <= len(ONE_BUCKET) // 3, (executions_buckets, executions_plain)
+    # With them all 16 are [1, 64] and share executions: at most 5 in the runs before, 6 in one CI
+    # run (two encoder instances and no queue delay split a burst unevenly); half keeps the two
+    # cases apart on a loaded machine.
+    assert executions_buckets <= len(ONE_BUCKET) // 2, (executions_buckets, executions_plain)
