@@ -148,16 +148,11 @@ def export_inputs(
     }
 
 
-def gated(model: ModelSpec) -> bool:
-    """True when the cpu target judges the model on its quality set (int8, bf16)."""
-    return model.cpu.optimize == "int8" or model.cpu.precision == "bf16"
-
-
 def quality_files(spec: RepoSpec, model: ModelSpec) -> dict[str, str] | None:
     """sha256 of the quality gate's texts and tokenizer; None unless the model is gated
     (``cpu.optimize: int8`` or ``cpu.precision: bf16``)."""
     gate = model.cpu.quality
-    if not gated(model) or gate is None:
+    if model.cpu.gated_variant is None or gate is None:
         return None
     where = f"{spec.path}: model {model.name!r}: field 'cpu.quality': "
     return {name: sha256_file(resolve_file(location, spec.root, where))

@@ -107,7 +107,6 @@ def check_embedding_quality(
         failed.append(f"top-{quality.neighbours} neighbour agreement "
                       f"{report.neighbour_agreement:.4f} < {quality.min_neighbour_agreement}")
     if failed:
-        variant = "int8" if spec.cpu.optimize == "int8" else spec.cpu.precision
-        raise QualityError(f"model {spec.name!r}: the {variant} quality gate failed: "
+        raise QualityError(f"model {spec.name!r}: the {spec.cpu.gated_variant} quality gate failed: "
                            + "; ".join(failed) + f" (mean cosine {report.mean_cosine:.4f})")
     return report

@@ -419,6 +419,13 @@ class CpuSpec:
         None, description="Required with `optimize: int8` and with `precision: bf16`."
     )
 
+    @property
+    def gated_variant(self) -> str | None:
+        """``int8`` or ``bf16`` when the build judges the model on ``quality``, else None."""
+        if self.optimize == "int8":
+            return "int8"
+        return "bf16" if self.precision == "bf16" else None
+
 
 # --------------------------------------------------------------------------- what the builder reads
 
