@@ -1,7 +1,8 @@
 """In-process speed of an encoder's ONNX variants and session settings, side by side, one run.
 
 Usage: python scripts/encoder_variants.py --repository REPO [--model minilm_encoder_int8]
-(the model folder must hold model.onnx, model.fused.onnx and model.int8.onnx: cpu.optimize int8).
+(the model folder must hold model.onnx, model.fused.onnx and model.int8.onnx: `runtime:
+onnxruntime`, `optimize: int8`; the shipped minilm_encoder_int8 is OpenVINO int8 now).
 Also times a "quantize every MatMul" graph, to show what the quality gate's exclusions cost.
 """
 

@@ -1,6 +1,8 @@
 """Which nodes of an encoder lose quality under int8: quantize one at a time, compare with fp32.
 
-Usage: python scripts/int8_sensitivity.py --repository REPO [--model minilm_encoder_int8]
+Usage: python scripts/int8_sensitivity.py --repository REPO [--model MODEL]
+(MODEL: a `runtime: onnxruntime`, `optimize: int8` model, whose folder holds model.fused.onnx;
+the shipped minilm_encoder_int8 is OpenVINO int8 now: scripts/ov_int8_sensitivity.py.)
 Prints one table row per quantizable node (worst and mean cosine over the texts); the rows that
 fall furthest are the candidates for cpu.quantize_exclude (docs/cpu-speed.md).
 """

@@ -157,7 +157,8 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
             assert tail["ratio"] == pytest.approx(tail["p99_ms"] / tail["unloaded_p50_ms"])
         assert {t["protocol"] for t in report["pipelines"][pipeline]["half_load"]} == {"grpc", "http"}
     assert report["best_ratio"] == report["pipelines"]["text_embedding"]["best_ratio"]
-    assert report["pipelines"]["text_embedding_int8"]["onnx_file"] == "model.int8.onnx"
+    assert report["pipelines"]["text_embedding_int8"]["onnx_file"] == "model.int8.xml"
+    assert report["pipelines"]["text_embedding_int8"]["runtime"] == "openvino bf16"
     assert report["pipelines"]["text_embedding_bf16"]["runtime"] == "openvino bf16"
     assert report["pipelines"]["text_embedding"]["runtime"] == "onnxruntime"
     assert report["served"][0]["encoder_mean_batch"] == pytest.approx(1.0, abs=0.05)

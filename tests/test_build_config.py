@@ -79,7 +79,7 @@ def test_cpu_encoder_is_served_by_the_python_onnx_runner_with_ragged_inputs():
     params = {k: v.string_value for k, v in encoder.parameters.items()}
     assert params["onnx_file"] == "model.onnx"
     int8 = {k: v.string_value for k, v in _rendered("cpu")["minilm_encoder_int8"].parameters.items()}
-    assert int8["onnx_file"] == "model.int8.onnx"
+    assert int8["onnx_file"] == "model.int8.xml"  # OpenVINO IR of the static int8 graph
     count = encoder.instance_group[0].count
     assert count * int(params["intra_op_threads"]) <= 2
     assert encoder.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU

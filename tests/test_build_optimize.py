@@ -60,7 +60,8 @@ def test_int8_on_a_model_without_one_embedding_like_output_names_the_field(tmp_p
 def test_the_served_text_pipelines_use_the_fused_and_the_int8_encoder():
     spec = load_spec(ROOT / "repository.yaml")
     assert spec.find("minilm_encoder").cpu.optimize == "none", "fusion did not win here"
-    assert spec.find("minilm_encoder_int8").cpu.optimize == "int8"
+    int8 = spec.find("minilm_encoder_int8").cpu
+    assert (int8.optimize, int8.runtime) == ("int8", "openvino"), "static int8 won here"
     steps = {p.name: [s.model for s in p.steps] for p in spec.pipelines}
     assert steps["text_embedding"] == ["text_tokenizer", "minilm_encoder"]
     assert steps["text_embedding_int8"] == ["text_tokenizer", "minilm_encoder_int8"]
@@ -172,22 +173,57 @@ def test_quality_gate_names_the_neighbour_figure_when_the_ranking_is_lost(tmp_pa
 
 
 @pytest.mark.torch
-def test_built_int8_minilm_records_its_fusion_parity_and_quality_and_serves_the_int8_graph(built_repository):
+def test_built_int8_minilm_records_its_calibration_and_quality_and_serves_the_int8_ir(built_repository):
     import json
 
     manifest = json.loads((built_repository / "build_manifest.json").read_text())["models"]
     entry = manifest["minilm_encoder_int8"]
+    record = entry["optimization"]
+    assert (record["runtime"], record["level"], record["precision"]) == ("openvino", "int8", "bf16")
+    quantize = record["quantize"]
+    assert quantize["kept_fp32"] == [f"/encoder/encoder/layer.{i}/output/dense/MatMul" for i in range(6)]
+    assert quantize["quantized"] == 42, "the other 6 MatMuls of each of the 6 layers, and the head's none"
+    # 3 of the 418 load-test texts are also quality texts: calibration leaves them out
+    assert (quantize["calibration_texts"], quantize["left_out_as_in_quality_set"]) == (415, 3)
+    quality = record["quality"]
+    assert quality["min_cosine"] >= 0.99 and quality["neighbour_agreement"] >= 0.9
+    assert quality["texts"] >= 100
+    assert "optimization" not in manifest["minilm_encoder"], "the exact encoder serves model.onnx"
+    version = built_repository / "minilm_encoder_int8" / "1"
+    config = (built_repository / "minilm_encoder_int8" / "config.pbtxt").read_text()
+    assert 'string_value: "model.int8.xml"' in config
+    for name in ("model.int8.xml", "model.int8.bin", "model.int8.xml.reproduce.sh"):
+        assert (version / name).is_file(), name
+    assert {"1/model.int8.xml", "1/model.int8.bin"} <= set(entry["artifacts"])
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(600)
+def test_onnx_runtime_dynamic_int8_of_the_real_minilm_is_fused_gated_and_served_as_onnx(tmp_path):
+    """The other int8 path (``runtime: onnxruntime``): the fused graph, quantized dynamically."""
+    import json
+
+    from tools.build_repo.pipeline import build_repository
+
+    data = _project()
+    cpu = data["models"]["minilm_encoder_int8"]["cpu"]
+    for key in ("runtime", "precision", "calibration_texts"):
+        cpu.pop(key)
+    cpu.update(attention_heads=12, hidden_size=384, quantize_exclude=[
+        "/encoder/encoder/layer.?/intermediate/dense/MatMul", "/encoder/encoder/layer.?/output/dense/MatMul"])
+    cpu["quality"]["texts"] = str(ROOT / "tools/models/data/quality_texts.txt")
+    data["backends"] = str(ROOT / "backends" / "python")
+    output = tmp_path / "model_repository"
+    build_repository(_write(tmp_path, data), output, only=["minilm_encoder_int8"], progress=False)
+
+    entry = json.loads((output / "build_manifest.json").read_text())["models"]["minilm_encoder_int8"]
     assert entry["optimization"]["fused"]["Attention"] == 6, "the int8 input is the fused graph"
     assert max(c["max_abs"] for c in entry["parity"]["onnxruntime_fused"]["cases"]) <= 1e-4
     quality = entry["optimization"]["quality"]
     assert quality["min_cosine"] >= 0.99 and quality["neighbour_agreement"] >= 0.9
-    assert quality["texts"] >= 100
-    assert "optimization" not in manifest["minilm_encoder"], "the exact encoder serves model.onnx"
-    for name, served in (("minilm_encoder", "model.onnx"), ("minilm_encoder_int8", "model.int8.onnx")):
-        config = (built_repository / name / "config.pbtxt").read_text()
-        assert f'string_value: "{served}"' in config
-        assert (built_repository / name / "1" / served).is_file()
-        assert (built_repository / name / "1" / f"{served}.reproduce.sh").is_file()
+    assert 'string_value: "model.int8.onnx"' in (output / "minilm_encoder_int8" / "config.pbtxt").read_text()
+    for name in ("model.int8.onnx", "model.int8.onnx.reproduce.sh"):
+        assert (output / "minilm_encoder_int8" / "1" / name).is_file(), name
 
 
 @pytest.mark.torch
@@ -202,6 +238,7 @@ def test_an_int8_variant_that_misses_its_gate_is_not_written(tmp_path, built_rep
     data = _project()
     data["models"]["minilm_encoder_int8"]["cpu"]["quality"]["min_cosine"] = 0.99999
     data["models"]["minilm_encoder_int8"]["cpu"]["quality"]["texts"] = str(ROOT / "tools/models/data/quality_texts.txt")
+    data["models"]["minilm_encoder_int8"]["cpu"]["calibration_texts"] = str(ROOT / "loadtests/data/texts.txt")
     data["backends"] = str(ROOT / "backends" / "python")
     spec = _write(tmp_path, data)
 

@@ -51,9 +51,24 @@ def test_bf16_on_onnx_runtime_is_refused_naming_the_field(tmp_path):
 
 
 def test_openvino_on_an_onnx_runtime_graph_is_refused_naming_the_field(tmp_path):
-    with pytest.raises(SpecError, match=r"field 'cpu.runtime' openvino needs optimize: none, "
-                                        r"got optimize: int8"):
+    with pytest.raises(SpecError, match=r"field 'cpu.runtime' openvino needs optimize: none or "
+                                        r"int8, got optimize: fused"):
+        load_spec(_spec_with_cpu(tmp_path, optimize="fused"))
+
+
+def test_openvino_int8_without_calibration_texts_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(SpecError, match=r"model 'minilm_encoder_bf16': field "
+                                        r"'cpu.calibration_texts' is required with runtime: "
+                                        r"openvino and optimize: int8"):
         load_spec(_spec_with_cpu(tmp_path, optimize="int8"))
+
+
+@pytest.mark.parametrize("cpu", [{"runtime": "onnxruntime", "precision": "fp32", "optimize": "int8"},
+                                 {"optimize": "none"}])
+def test_calibration_texts_where_nothing_calibrates_are_refused_naming_the_field(tmp_path, cpu):
+    with pytest.raises(SpecError, match=r"field 'cpu.calibration_texts' is used only with "
+                                        r"runtime: openvino and optimize: int8"):
+        load_spec(_spec_with_cpu(tmp_path, calibration_texts="loadtests/data/texts.txt", **cpu))
 
 
 def test_bf16_without_a_quality_set_is_refused_naming_the_field(tmp_path):
@@ -71,7 +86,7 @@ def test_bf16_on_a_model_without_an_embedding_output_is_refused(tmp_path):
     assert "model 'minilm_encoder_bf16': field 'cpu.precision' bf16 needs one embedding-like" in str(info.value)
 
 
-def test_the_shipped_bf16_encoder_renders_the_runtime_parameters_and_others_do_not():
+def test_the_shipped_openvino_encoders_render_the_runtime_parameters_and_the_exact_one_does_not():
     from tools.build_repo.ensemble import render_all
 
     rendered = render_all(load_spec(ROOT / "repository.yaml"), "cpu")
@@ -80,7 +95,9 @@ def test_the_shipped_bf16_encoder_renders_the_runtime_parameters_and_others_do_n
     assert params["minilm_encoder_bf16"]["runtime"] == "openvino"
     assert params["minilm_encoder_bf16"]["inference_precision"] == "bf16"
     assert params["minilm_encoder_bf16"]["onnx_file"] == "model.onnx"
-    assert "runtime" not in params["minilm_encoder"] and "runtime" not in params["minilm_encoder_int8"]
+    assert params["minilm_encoder_int8"]["onnx_file"] == "model.int8.xml"
+    assert params["minilm_encoder_int8"]["runtime"] == "openvino"
+    assert "runtime" not in params["minilm_encoder"]
 
 
 # --- the served runner's config --------------------------------------------------------------
@@ -194,3 +211,21 @@ def test_built_bf16_encoder_runs_bf16_where_the_cpu_has_it_and_stays_close_to_fp
         x, y = a["embedding"], b["embedding"]
         cosine = (x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
         assert cosine.min() >= 0.99, cosine
+
+
+def test_the_calibration_texts_are_an_input_of_the_int8_build_and_of_no_other(tmp_path):
+    # A changed calibration file must rebuild the int8 encoder (its fingerprint holds the file's hash).
+    from tools.build_repo.fingerprints import quality_files
+
+    spec = load_spec(ROOT / "repository.yaml")
+    files = quality_files(spec, spec.find("minilm_encoder_int8"))
+    assert set(files) == {"texts", "tokenizer", "calibration_texts"}
+    assert set(quality_files(spec, spec.find("minilm_encoder_bf16"))) == {"texts", "tokenizer"}
+    data = project_spec()
+    other = tmp_path / "calibration.txt"
+    other.write_text("one text\nanother text\n", encoding="utf-8")
+    cpu = data["models"]["minilm_encoder_int8"]["cpu"]
+    cpu["calibration_texts"] = str(other)
+    cpu["quality"]["texts"] = str(ROOT / cpu["quality"]["texts"])
+    changed = load_spec(write_spec(tmp_path, data))
+    assert quality_files(changed, changed.find("minilm_encoder_int8"))["calibration_texts"] != files["calibration_texts"]

@@ -96,6 +96,11 @@ class PytorchBuilder(SpecEntryBuilder):
     def _exported_files(self, previous: ModelEntry) -> list[str]:
         """The artifacts of the previous build that a repackage carries over (relative paths)."""
         names = [cfg.ONNX_FILE]
+        cpu = self.model.cpu
+        if self.target == "cpu" and cpu.runtime == "openvino" and cpu.optimize == "int8":
+            return [f"{VERSION}/{n}" for n in (cfg.ONNX_FILE, f"{cfg.ONNX_FILE}.reproduce.sh",
+                                               cfg.OV_INT8_FILE, f"{cfg.OV_INT8_FILE}.reproduce.sh",
+                                               cfg.OV_INT8_BIN)]
         if self.target == "cpu" and self.model.cpu.optimize != "none":
             names.append(cfg.FUSED_FILE)
             if self.model.cpu.optimize == "int8":
@@ -148,10 +153,10 @@ class PytorchBuilder(SpecEntryBuilder):
         result.parity["onnxruntime"] = figures_to_manifest(figures)
         entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,
                                         "cases": result.parity["onnxruntime"]}}
-        if target == "cpu" and model.cpu.optimize != "none":
-            self._optimize(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
         if target == "cpu" and model.cpu.runtime == "openvino":
-            self._openvino(onnx_path, runner, stages, entry, torch_model, sample_fn)
+            self._openvino(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
+        elif target == "cpu" and model.cpu.optimize != "none":
+            self._optimize(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
 
         if self._tensorrt:
             plan_path = version_dir / cfg.PLAN_FILE
@@ -224,21 +229,44 @@ class PytorchBuilder(SpecEntryBuilder):
                                   f"agreement {report.neighbour_agreement:.3f}")
         entry.optimization = record
 
-    def _openvino(self, onnx_path: Path, fp32_runner: Any, stages: Stages, entry: ModelEntry,
-                  torch_model: Any, sample_fn: Any) -> None:
-        """cpu target, ``runtime: openvino``: fp32 is checked for parity against PyTorch, bf16
-        on the quality set against the exported graph under ONNX Runtime (``fp32_runner``)."""
-        from tools.build_repo import quality
+    def _openvino(self, onnx_path: Path, fp32_runner: Any, output: Path, stages: Stages,
+                  entry: ModelEntry, torch_model: Any, sample_fn: Any) -> None:
+        """cpu target, ``runtime: openvino``: fp32 is checked for parity against PyTorch; bf16,
+        and int8 (NNCF's static quantization first), on the quality set against the exported
+        graph under ONNX Runtime (``fp32_runner``)."""
+        from tools.build_repo import onnx2ov_int8, quality
         from tools.build_repo.parity import check_parity, figures_to_manifest, openvino_runner
         from tools.build_repo.spec import resolve_file
+        from tools.build_repo.torch2onnx import write_reproduce_script
 
         spec, model = self.spec, self.model
         precision = model.cpu.precision
-        candidate, runs_as = stages.run("openvino", openvino_runner, str(onnx_path),
-                                        spec.cpu_cores, precision, spec.backends)
+        served = onnx_path
         record: dict[str, Any] = {"level": model.cpu.optimize, "runtime": "openvino",
-                                  "precision": precision, "runs_as": runs_as}
-        if precision == "fp32":
+                                  "precision": precision}
+        if model.cpu.optimize == "int8":
+            gate = model.cpu.quality
+            where = f"{self.where}field 'cpu.quality': "
+            held_out = set(quality.read_texts(resolve_file(gate.texts, spec.root, where)))
+            texts = quality.read_texts(resolve_file(
+                model.cpu.calibration_texts, spec.root, f"{self.where}field 'cpu.calibration_texts': "))
+            calibration = [t for t in texts if t not in held_out]
+            served = onnx_path.with_name(cfg.OV_INT8_FILE)
+            quantized = stages.run(
+                "quantize", onnx2ov_int8.quantize_openvino, onnx_path, served, model,
+                quality.tokenize(calibration, resolve_file(gate.tokenizer, spec.root, where),
+                                 gate.max_length),
+            )
+            write_reproduce_script(served, spec.path, output, model.name, self.target,
+                                   note=f"NNCF static int8 of {cfg.ONNX_FILE} (OpenVINO IR, weights "
+                                        f"in {cfg.OV_INT8_BIN}), calibrated on "
+                                        f"{len(calibration)} texts")
+            record["quantize"] = {**quantized.to_dict(), "calibration_texts": len(calibration),
+                                  "left_out_as_in_quality_set": len(texts) - len(calibration)}
+        candidate, runs_as = stages.run("openvino", openvino_runner, str(served),
+                                        spec.cpu_cores, precision, spec.backends)
+        record["runs_as"] = runs_as
+        if model.cpu.gated_variant is None:
             figures = stages.run("parity_openvino", check_parity, model, torch_model, sample_fn,
                                  candidate, runtime="openvino fp32")
             stages.result.parity["openvino"] = figures_to_manifest(figures)
@@ -253,7 +281,7 @@ class PytorchBuilder(SpecEntryBuilder):
                 resolve_file(gate.tokenizer, spec.root, where), fp32_runner, candidate,
             )
             record["quality"] = report.to_dict()
-            stages.result.note = (f"{precision}: min cosine {report.min_cosine:.5f}, "
+            stages.result.note = (f"{model.cpu.gated_variant}: min cosine {report.min_cosine:.5f}, "
                                   f"top-{gate.neighbours} agreement {report.neighbour_agreement:.3f}")
             if runs_as != precision:
                 stages.result.note += (f"; this CPU runs OpenVINO {precision} as {runs_as}, so the "

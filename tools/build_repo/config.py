@@ -29,8 +29,17 @@ ONNX_FILE = "model.onnx"
 PLAN_FILE = "model.plan"
 FUSED_FILE = "model.fused.onnx"
 INT8_FILE = "model.int8.onnx"
+OV_INT8_FILE = "model.int8.xml"  # OpenVINO IR, its weights beside it:
+OV_INT8_BIN = "model.int8.bin"
 # The graph the cpu target's runner serves, by the model's cpu.optimize.
 SERVED_ONNX = {"none": ONNX_FILE, "fused": FUSED_FILE, "int8": INT8_FILE}
+
+
+def served_file(model: ModelSpec) -> str:
+    """The file the cpu target's ``onnx_runner`` opens (OpenVINO int8 is IR, not ONNX)."""
+    if model.cpu.runtime == "openvino" and model.cpu.optimize == "int8":
+        return OV_INT8_FILE
+    return SERVED_ONNX[model.cpu.optimize]
 ONNX_RUNNER_BACKEND = "onnx_runner"  # backends/python/onnx_runner serves ONNX on the cpu target
 
 
@@ -270,7 +279,7 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
             inputs=_tensor_configs(model.inputs, ragged=True),
             instance_groups=(InstanceGroup("KIND_CPU", cpu.count),),
             parameters=(
-                ("onnx_file", SERVED_ONNX[model.cpu.optimize]),
+                ("onnx_file", served_file(model)),
                 ("intra_op_threads", str(cpu.intra_op_threads)),
                 ("inter_op_threads", "1"),
                 ("pad_values", json.dumps(pad_values, sort_keys=True)),

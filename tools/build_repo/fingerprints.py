@@ -149,14 +149,20 @@ def export_inputs(
 
 
 def quality_files(spec: RepoSpec, model: ModelSpec) -> dict[str, str] | None:
-    """sha256 of the quality gate's texts and tokenizer; None unless the model is gated
-    (``cpu.optimize: int8`` or ``cpu.precision: bf16``)."""
+    """sha256 of the quality gate's texts and tokenizer (and of the calibration texts of an
+    OpenVINO int8 model); None unless the model is gated (``cpu.optimize: int8`` or
+    ``cpu.precision: bf16``)."""
     gate = model.cpu.quality
     if model.cpu.gated_variant is None or gate is None:
         return None
     where = f"{spec.path}: model {model.name!r}: field 'cpu.quality': "
-    return {name: sha256_file(resolve_file(location, spec.root, where))
-            for name, location in (("texts", gate.texts), ("tokenizer", gate.tokenizer))}
+    files = {name: sha256_file(resolve_file(location, spec.root, where))
+             for name, location in (("texts", gate.texts), ("tokenizer", gate.tokenizer))}
+    if model.cpu.calibration_texts is not None:
+        files["calibration_texts"] = sha256_file(resolve_file(
+            model.cpu.calibration_texts, spec.root,
+            f"{spec.path}: model {model.name!r}: field 'cpu.calibration_texts': "))
+    return files
 
 
 def python_files(spec: RepoSpec, model: PythonModelSpec) -> dict[str, Path]:

@@ -7,6 +7,7 @@ names match ``cpu.quantize_exclude`` stay fp32. The quality gate (``quality.py``
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,25 @@ def quantizable_nodes(path: Path) -> list[str]:
     return [n.name for n in graph.node if n.op_type in QUANTIZABLE]
 
 
+def excluded_nodes(nodes: Sequence[str], patterns: Sequence[str], spec: ModelSpec, source: Path) -> list[str]:
+    """The nodes ``cpu.quantize_exclude`` keeps fp32.
+
+    Raises:
+        ExportError: a pattern matches no node (a typo would otherwise quantize what it meant
+            to keep).
+    """
+    kept: list[str] = []
+    for pattern in patterns:
+        matched = [n for n in nodes if fnmatch.fnmatchcase(n, pattern)]
+        if not matched:
+            raise ExportError(
+                f"model {spec.name!r}: field 'cpu.quantize_exclude': {pattern!r} matches no "
+                f"quantizable node of {source} (nodes look like {list(nodes[:3])})"
+            )
+        kept += [n for n in matched if n not in kept]
+    return kept
+
+
 def quantize_onnx(source: Path, destination: Path, spec: ModelSpec) -> QuantizeResult:
     """Write the int8 graph of ``source`` to ``destination``.
 
@@ -49,15 +69,7 @@ def quantize_onnx(source: Path, destination: Path, spec: ModelSpec) -> QuantizeR
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     nodes = quantizable_nodes(source)
-    kept = []
-    for pattern in spec.cpu.quantize_exclude:
-        matched = [n for n in nodes if fnmatch.fnmatchcase(n, pattern)]
-        if not matched:
-            raise ExportError(
-                f"model {spec.name!r}: field 'cpu.quantize_exclude': {pattern!r} matches no "
-                f"quantizable node of {source} (nodes look like {nodes[:3]})"
-            )
-        kept += [n for n in matched if n not in kept]
+    kept = excluded_nodes(nodes, spec.cpu.quantize_exclude, spec, source)
     try:
         quantize_dynamic(
             str(source), str(destination), per_channel=True, weight_type=QuantType.QInt8,

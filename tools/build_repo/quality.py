@@ -44,6 +44,16 @@ def read_texts(path: Path) -> list[str]:
     return [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def tokenize(texts: list[str], tokenizer_file: Path, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """``(input_ids, attention_mask)`` of each text, unpadded, truncated to ``max_length``."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length)
+    return [(e.ids, e.attention_mask) for e in tokenizer.encode_batch(texts)]
+
+
 def embed(runner: Runner, encodings: list[tuple[list[int], list[int]]], batch: int = 16) -> np.ndarray:
     """Embeddings of token sequences, run in length-sorted batches padded to their longest."""
     order = sorted(range(len(encodings)), key=lambda i: len(encodings[i][0]))
@@ -84,15 +94,10 @@ def check_embedding_quality(
     Raises:
         QualityError: naming every figure that missed its bound, and the worst texts.
     """
-    from tokenizers import Tokenizer
-
     if len(texts) < 2:
         raise QualityError(f"model {spec.name!r}: field 'cpu.quality.texts' holds {len(texts)} "
                            f"text(s); the gate needs at least 2")
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(quality.max_length)
-    encodings = [(e.ids, e.attention_mask) for e in tokenizer.encode_batch(texts)]
+    encodings = tokenize(texts, tokenizer_file, quality.max_length)
     ref, cand = embed(reference, encodings), embed(candidate, encodings)
     cosine = (ref * cand).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1))
     worst = tuple((float(cosine[i]), texts[i]) for i in np.argsort(cosine, kind="stable")[:3])

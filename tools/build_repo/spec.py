@@ -384,8 +384,11 @@ class CpuSpec:
         "(`onnx2fused`) writes `model.fused.onnx`, checked for parity against PyTorch at "
         "`tolerance`. `int8`: the fused graph quantized dynamically with per-channel int8 weights "
         "(`onnx2int8`) into `model.int8.onnx`, gated on `quality` (task quality, not atol); a "
-        "variant that fails its gate is not written and the build names the failed figure. The "
-        "gpu target ignores this (TensorRT builds from `model.onnx`).",
+        "variant that fails its gate is not written and the build names the failed figure. With "
+        "`runtime: openvino`, `int8` is static post-training quantization of `model.onnx` by "
+        "NNCF (`onnx2ov_int8`), calibrated on `calibration_texts`, written as OpenVINO IR "
+        "`model.int8.xml`/`.bin` and gated the same way. The gpu target ignores this (TensorRT "
+        "builds from `model.onnx`).",
     )
     fusion: Literal["bert"] = Field(
         "bert", description="The optimizer's model type (the architecture family to fuse)."
@@ -403,16 +406,24 @@ class CpuSpec:
         description="`fnmatch` patterns of node names kept in fp32 by `int8` (the most "
         "quantization-sensitive MatMuls; docs/cpu-speed.md says how they were found).",
     )
+    calibration_texts: Omittable[str] = Field(
+        None,
+        description="With `runtime: openvino` and `optimize: int8` (required there, refused "
+        "elsewhere): a UTF-8 file of real texts, one per line, that static quantization measures "
+        "activation ranges on, tokenized as `quality` says. Texts that are also in "
+        "`quality.texts` are left out of calibration (the gate must judge unseen texts).",
+    )
     runtime: Literal["onnxruntime", "openvino"] = Field(
         "onnxruntime",
         description="What runs the served graph inside the `onnx_runner` stub: ONNX Runtime, or "
-        "OpenVINO's CPU plugin reading `model.onnx` (needs `optimize: none`: the fused and int8 "
-        "graphs hold ONNX Runtime's own operators).",
+        "OpenVINO's CPU plugin reading `model.onnx` (`optimize: none`) or its own int8 IR "
+        "(`optimize: int8`); not `fused`, whose graph holds ONNX Runtime's own operators.",
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Inference precision. `bf16` (with `runtime: openvino`): MatMuls in bfloat16 "
-        "on CPUs with AVX512_BF16 or AMX (others run fp32), gated on `quality` like int8. "
+        "on CPUs with AVX512_BF16 or AMX (others run fp32), gated on `quality` like int8; with "
+        "`optimize: int8`, the precision of what int8 leaves unquantized. "
         "`fp32` with `runtime: openvino` is checked for parity against PyTorch at `tolerance`.",
     )
     quality: Omittable[QualitySetSpec] = Field(
@@ -847,9 +858,17 @@ class ModelYaml:
                 "is 'cpu', but a TensorRT plan runs only on a GPU: set gpu.backend to "
                 "'onnxruntime' for CPU instances on the gpu target",
             )
-        if self.cpu.runtime == "openvino" and self.cpu.optimize != "none":
-            rules.add(("cpu", "runtime"), f"openvino needs optimize: none, got optimize: "
-                      f"{self.cpu.optimize} (that graph holds ONNX Runtime's own operators)")
+        if self.cpu.runtime == "openvino" and self.cpu.optimize == "fused":
+            rules.add(("cpu", "runtime"), "openvino needs optimize: none or int8, got optimize: "
+                      "fused (that graph holds ONNX Runtime's own operators)")
+        ov_int8 = self.cpu.runtime == "openvino" and self.cpu.optimize == "int8"
+        if ov_int8 and self.cpu.calibration_texts is None:
+            rules.add(("cpu", "calibration_texts"), "is required with runtime: openvino and "
+                      "optimize: int8 (static quantization measures activation ranges on them)")
+        if not ov_int8 and self.cpu.calibration_texts is not None:
+            rules.add(("cpu", "calibration_texts"), "is used only with runtime: openvino and "
+                      f"optimize: int8, got runtime: {self.cpu.runtime}, optimize: "
+                      f"{self.cpu.optimize} (ONNX Runtime's dynamic int8 needs no calibration)")
         if self.cpu.precision == "bf16" and self.cpu.runtime != "openvino":
             rules.add(("cpu", "precision"), "bf16 needs runtime: openvino (ONNX Runtime's CPU "
                       "provider runs these graphs in fp32)")

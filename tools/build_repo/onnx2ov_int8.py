@@ -1,0 +1,89 @@
+"""ONNX -> OpenVINO int8 IR: static post-training quantization by NNCF (cpu target,
+``runtime: openvino``, ``optimize: int8``).
+
+Unlike ONNX Runtime's dynamic int8 (``onnx2int8``), activations get fixed int8 ranges measured on
+calibration texts, so the CPU plugin runs the MatMuls as int8 x int8 (AVX512-VNNI / AMX) without
+quantizing activations at run time. NNCF's transformer preset keeps softmax, layer norms and GELU
+in floating point and applies SmoothQuant to the MatMul inputs; nodes whose names match
+``cpu.quantize_exclude`` are not quantized. The quality gate (``quality.py``) decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tools.build_repo.onnx2int8 import QuantizeResult, excluded_nodes
+from tools.build_repo.spec import ModelSpec
+from tools.errors import ExportError
+
+# What NNCF quantizes in a transformer: the MatMuls (weights and their activations).
+QUANTIZABLE = ("MatMul",)
+CALIBRATION_BATCH = 8
+
+
+def calibration_batches(encodings: Sequence[tuple[list[int], list[int]]],
+                        batch: int = CALIBRATION_BATCH) -> Iterator[dict[str, np.ndarray]]:
+    """``input_ids``/``attention_mask`` feeds of length-sorted token sequences, padded with 0 to
+    the longest of each batch (as the served runner pads its chunks)."""
+    ordered = sorted(encodings, key=lambda e: len(e[0]))
+    for start in range(0, len(ordered), batch):
+        chunk = ordered[start:start + batch]
+        length = max(len(ids) for ids, _ in chunk)
+        ids = np.zeros((len(chunk), length), np.int64)
+        mask = np.zeros_like(ids)
+        for row, (token_ids, attention) in enumerate(chunk):
+            ids[row, :len(token_ids)], mask[row, :len(attention)] = token_ids, attention
+        yield {"input_ids": ids, "attention_mask": mask}
+
+
+def quantizable_nodes(model) -> list[str]:
+    """Names of the nodes of an OpenVINO model (``openvino.Model``) that NNCF would quantize;
+    the ONNX frontend keeps the ONNX node names."""
+    return [op.get_friendly_name() for op in model.get_ordered_ops()
+            if op.get_type_name() in QUANTIZABLE]
+
+
+def quantize_openvino(source: Path, destination: Path, spec: ModelSpec,
+                      calibration: Sequence[tuple[list[int], list[int]]]) -> QuantizeResult:
+    """Write the int8 IR of ``source`` (an ONNX file) to ``destination`` (``.xml``, weights in
+    the ``.bin`` beside it), calibrated on the token sequences ``calibration``.
+
+    Raises:
+        ExportError: no calibration texts, a ``quantize_exclude`` pattern matches nothing, or
+            NNCF failed.
+    """
+    import logging
+    import os
+
+    # NNCF sends usage telemetry (Google Analytics, through openvino-telemetry) unless the user
+    # opted out; a build tool should not. NNCF_CI, read when nncf is first imported, is its one
+    # switch that needs no consent file written into the user's home.
+    os.environ.setdefault("NNCF_CI", "1")
+    import nncf
+    import openvino
+    from nncf.common.logging.logger import set_log_level
+
+    set_log_level(logging.ERROR)  # not a line per ignored node; its progress bars stay
+
+    if not calibration:
+        raise ExportError(f"model {spec.name!r}: field 'cpu.calibration_texts' holds no text "
+                          f"outside the quality set: static int8 needs some to calibrate on")
+    model = openvino.Core().read_model(str(source))
+    nodes = quantizable_nodes(model)
+    kept = excluded_nodes(nodes, spec.cpu.quantize_exclude, spec, source)
+    batches = list(calibration_batches(calibration))
+    try:
+        quantized = nncf.quantize(
+            model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(batches), ignored_scope=nncf.IgnoredScope(names=kept),
+        )
+        # fp32 weights stay fp32 (not the fp16 save_model writes by default): what the
+        # gate runs is what was kept
+        openvino.save_model(quantized, str(destination), compress_to_fp16=False)
+    except Exception as exc:  # noqa: BLE001 - name the model and the file
+        raise ExportError(f"model {spec.name!r}: OpenVINO int8 quantization of {source} "
+                          f"failed: {exc}") from exc
+    return QuantizeResult(tuple(n for n in nodes if n not in kept), tuple(kept))
