@@ -1,7 +1,8 @@
 #!/bin/sh
 # Entry point of the `triton` service: run the TensorRT guard, then start tritonserver ("$@")
-# under the watchdog (docker/triton_supervisor.py), which stops it, and so restarts the
-# container, when a model stops answering. TRITON_WATCHDOG=off execs tritonserver directly.
+# under the watchdog (docker/triton_supervisor.py), which reloads a model whose Python stub died
+# and stops the server, and so restarts the container, when models stop answering.
+# TRITON_WATCHDOG=recover only reloads (Kubernetes), =off execs tritonserver directly.
 # A plan built with another TensorRT version or for another GPU is refused here with the command
 # that rebuilds it, instead of failing inside Triton with "unable to create TensorRT engine"
 # (TensorRT's "expecting library version X got Y" or "Version tag does not match").
@@ -18,8 +19,13 @@ here="$(dirname "$0")"
 repository="${MODEL_REPOSITORY:-/models}"
 PYTHONPATH="/opt/triton-forge${PYTHONPATH:+:${PYTHONPATH}}" \
     python3 -m tools.serve.trt_guard --repository "${repository}"
-if [ "${TRITON_WATCHDOG:-on}" = "off" ]; then
-    exec "$@"
-fi
+case "${TRITON_WATCHDOG:-on}" in
+    off) exec "$@" ;;
+    # Kubernetes: reload a model whose stub died; the kubelet's probes restart the container.
+    recover) watchdog="--no-restart" ;;
+    on) watchdog="" ;;
+    *) echo "TRITON_WATCHDOG must be on, recover or off, got '${TRITON_WATCHDOG}'" >&2; exit 2 ;;
+esac
+# shellcheck disable=SC2086  # $watchdog is one flag or none
 exec python3 "${here}/triton_supervisor.py" --repository "${repository}" \
-    --probes "${here}/healthcheck_probes.json" -- "$@"
+    --probes "${here}/healthcheck_probes.json" --recover-models ${watchdog} -- "$@"

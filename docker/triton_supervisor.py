@@ -1,14 +1,23 @@
-"""Run tritonserver in the container and stop it when its models stop answering.
+"""Run tritonserver in the container: reload a model whose Python stub died, and stop the
+server when its models stop answering.
+
+Per-model recovery (``--recover-models``, the entry point's default): with the server in
+``--model-control-mode=explicit`` and its admin key in ``TRITON_ADMIN_KEY``, a dead stub's model
+is reloaded within about a second while every other model keeps serving, as ``tools serve`` does
+(``tools/serve/model_control.py``); a model that dies more than ``--model-restarts`` times within
+``--restart-window`` seconds is unloaded with its ensembles and reported not ready. Without
+explicit model control or a key, a dead stub stops the server at once.
 
 Compose restarts a container that exits (restart: unless-stopped) but not one that is merely
-unhealthy, and a dead Python stub leaves Triton up with a broken model: after consecutive failed
-checks (tools/serve/health.py, as the healthcheck) this stops the server and exits 1 so the
-container restarts.
+unhealthy: after ``--failures`` failed checks in a row (tools/serve/health.py, as the
+healthcheck; models given up are not checked) this stops the server and exits 1 so the container
+restarts. ``--no-restart`` leaves that to the orchestrator (the kubelet's probes).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # /opt/triton-forg
 from tools import process  # noqa: E402
 from tools.errors import UserInputError  # noqa: E402
 from tools.serve import health  # noqa: E402
+from tools.serve.model_control import ModelControl, watch  # noqa: E402
+from tools.serve.recovery import ModelRecovery, RestartBudget  # noqa: E402
+
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 
 
 def _log(message: str) -> None:
@@ -34,8 +47,18 @@ def stop(server: subprocess.Popen, timeout_s: float) -> int:
     return server.returncode
 
 
+def _recovery_blocker(command: list[str]) -> str | None:
+    """Why per-model recovery cannot run for this server command, or None when it can."""
+    if "--model-control-mode=explicit" not in command:
+        return "the server does not run --model-control-mode=explicit"
+    if not os.environ.get(ADMIN_KEY_ENV):
+        return f"{ADMIN_KEY_ENV} is not set (the admin key of the model-repository API)"
+    return None
+
+
 def supervise(command: list[str], args: argparse.Namespace) -> int:
-    """Run ``command`` until it exits, is signalled, or fails ``args.failures`` checks in a row.
+    """Run ``command`` until it exits or is signalled; reload models whose stub died; stop it
+    when ``args.failures`` checks in a row fail or (without recovery) a stub dies.
 
     Returns:
         The server's own exit code (128 + N when signal N ended it), 1 when the watchdog
@@ -46,6 +69,7 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
     except UserInputError as exc:
         _log(str(exc))
         return 2
+    blocker = _recovery_blocker(command) if args.recover_models else "--recover-models is off"
     server = process.start(command, new_session=False, stdin=None)
     stopping = False
 
@@ -54,35 +78,47 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
         stopping = True
         server.send_signal(signum)
 
+    def exit_code() -> int | None:
+        # Once stopping, wait for the exit: nothing is reloaded while Triton unloads its models.
+        code = server.wait() if stopping else server.poll()
+        return None if code is None else (code if code >= 0 else 128 - code)
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    started, healthy_once, failures = time.monotonic(), False, 0
-    while True:
+    started = time.monotonic()
+    while True:  # until every model answers once
         try:
-            code = server.wait(timeout=args.interval)
-            return code if code >= 0 else 128 - code
+            server.wait(timeout=args.interval)
+            return exit_code()
         except subprocess.TimeoutExpired:
             pass
         if stopping:
             continue
         problems = health.check_repository(args.url, args.repository, probes, args.timeout).problems
         if not problems:
-            if not healthy_once:
-                _log(f"all models of {args.repository} ready; watching every {args.interval:g}s")
-            healthy_once, failures = True, 0
-            continue
-        if not healthy_once:
-            if time.monotonic() - started > args.start_timeout:
-                _log(f"not healthy after {args.start_timeout:g}s: {'; '.join(problems)}")
-                stop(server, args.stop_timeout)
-                return 1
-            continue
-        failures += 1
-        _log(f"check {failures}/{args.failures} failed: {'; '.join(problems)}")
-        if failures >= args.failures:
-            _log("stopping tritonserver so the container restarts")
+            break
+        if time.monotonic() - started > args.start_timeout:
+            _log(f"not healthy after {args.start_timeout:g}s: {'; '.join(problems)}")
             stop(server, args.stop_timeout)
             return 1
+    control = ModelControl(args.url.removeprefix("http://").rstrip("/"), args.admin_header,
+                           os.environ.get(ADMIN_KEY_ENV, ""), server.pid)
+    recovery = None if blocker else ModelRecovery(
+        control, RestartBudget(args.model_restarts, args.restart_window))
+    _log(f"all models of {args.repository} ready; "
+         + (f"per-model recovery on (budget {args.model_restarts} reloads in "
+            f"{args.restart_window:g}s)" if recovery else f"per-model recovery off: {blocker}")
+         + (f"; checking every {args.interval:g}s" if not args.no_restart else ""))
+    end = watch(control, exit_code, health.repository_models(args.repository),
+                control.stub_processes(), interval_s=min(1.0, args.interval),
+                probes=None if args.no_restart else probes,
+                probe_interval_s=args.interval, probe_failures=args.failures,
+                recovery=recovery, on_event=lambda event: _log(event.describe()))
+    if end.exit_code is not None:
+        return end.exit_code
+    _log(f"{end.reason}: stopping tritonserver so the container restarts")
+    stop(server, args.stop_timeout)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=900.0,
                         help="seconds the server may take to become healthy the first time")
     parser.add_argument("--stop-timeout", type=float, default=45.0)
+    parser.add_argument("--recover-models", action="store_true",
+                        help=f"reload a model whose Python stub died (needs the server in "
+                             f"--model-control-mode=explicit and ${ADMIN_KEY_ENV})")
+    parser.add_argument("--admin-header", default="admin-key",
+                        help="the header of --http-restricted-api (docker-compose.yml's)")
+    parser.add_argument("--model-restarts", type=int, default=3,
+                        help="reloads of one model within --restart-window before it is given up")
+    parser.add_argument("--restart-window", type=float, default=120.0)
+    parser.add_argument("--no-restart", action="store_true",
+                        help="never stop the server for failed checks (the kubelet's probes do)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- tritonserver ...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -186,6 +186,32 @@ probe() {
   tf_log "prometheus holds Triton's nv_inference_request_success"
 }
 
+stub_kill() {
+  # A dead Python stub: the watchdog reloads that model alone, and the container keeps running.
+  local id pid deadline restarts
+  id="$(tf_service_ids triton | head -1)"
+  pid="$(tf_engine exec "$id" python3 -c "import os
+for p in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        c = open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')
+    except OSError:
+        continue
+    if c[0].endswith(b'stub') and b'/text_tokenizer/' in c[1]:
+        os.kill(int(p), 9)
+        print(p)")"
+  [ -n "$pid" ] || tf_die "no text_tokenizer stub found in the triton container"
+  local killed=$SECONDS
+  deadline=$((SECONDS + 30))
+  until timeout 20 .venv/bin/tools infer text_embedding --text "after the kill" --json >/dev/null 2>&1 \
+      && tf_engine logs "$id" 2>&1 | grep -q "reloaded model 'text_tokenizer'"; do
+    [ $SECONDS -lt $deadline ] || tf_die "text_embedding did not answer again within 30 s of killing its tokenizer's stub (triton log: $ENGINE logs $id)"
+    sleep 1
+  done
+  restarts="$(tf_engine inspect --format '{{.RestartCount}}' "$id")"
+  [ "$restarts" = 0 ] || tf_die "the triton container restarted ($restarts) instead of reloading the model"
+  tf_log "killed the text_tokenizer stub: the watchdog reloaded that model, text_embedding answers again ($((SECONDS - killed)) s, no container restart)"
+}
+
 load_gate() {
   # The loadtest service of docker-compose.yml, gated on the cpu profile of loadtests/slo.yaml.
   local cmd=(tools loadtest --url triton:8000 --grpc-url triton:8001 --slo-profile cpu
@@ -210,5 +236,6 @@ case "$verb" in
     trap 'exit 130' INT TERM
     up
     probe
+    stub_kill
     load_gate ;;
 esac

@@ -299,11 +299,13 @@ def test_triton_shared_memory_is_sized_for_the_python_backend(triton):
     assert growth and max(growth) * 8 <= shm, "room for eight Python instances' regions"
 
 
-def test_model_control_is_none_and_configs_are_strict(triton):
+def test_model_control_loads_every_model_at_start_never_polls_and_configs_are_strict(triton):
+    # Explicit control lets the watchdog reload a model whose stub died (with the admin key).
     command = triton["command"]
 
-    assert _flag(command, "--model-control-mode") == ["none"]
-    assert not any(a.startswith(("--load-model", "--repository-poll-secs")) for a in command)
+    assert _flag(command, "--model-control-mode") == ["explicit"]
+    assert _flag(command, "--load-model") == ["*"]
+    assert not any(a.startswith("--repository-poll-secs") for a in command)
     assert ("--disable-auto-complete-config" in command
             or _flag(command, "--strict-model-config") == ["true"])
 

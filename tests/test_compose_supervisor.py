@@ -91,17 +91,21 @@ def test_supervisor_returns_the_servers_exit_status_when_signalled(tmp_path):
     assert code == 128 + signal.SIGTERM
 
 
-@pytest.mark.server
-def test_supervisor_stops_tritonserver_and_exits_1_when_a_python_stub_dies(
-        toy_repository, tmp_path):
-    http, grpc, metrics = free_ports(3)
+def _server_command(toy_repository: Path, ports: list[int], *flags: str,
+                    exit_timeout_s: int = 3) -> tuple[list[str], dict]:
+    """tritonserver's command line as the container runs it (on loopback ports), and its env."""
+    http, grpc, metrics = ports
     embedded = EmbeddedServer(toy_repository)  # not started: lends its backend dir and env
-    server = [str(resolve_binary()), f"--model-repository={toy_repository}",
-              f"--backend-directory={embedded.backend_directory()}",
-              "--http-address=127.0.0.1", f"--http-port={http}",
-              "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
-              "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
-              "--model-control-mode=none", "--exit-timeout-secs=3"]
+    return [str(resolve_binary()), f"--model-repository={toy_repository}",
+            f"--backend-directory={embedded.backend_directory()}",
+            "--http-address=127.0.0.1", f"--http-port={http}",
+            "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+            "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
+            f"--exit-timeout-secs={exit_timeout_s}", *flags], embedded.environment()
+
+
+def _supervise(tmp_path: Path, toy_repository: Path, server: list[str], env: dict, http: int,
+               *options: str) -> tuple[subprocess.Popen, Path]:
     probes = tmp_path / "probes.json"
     probes.write_text(json.dumps({"toy_text": {"inputs": [
         {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["watchdog"]}]}}))
@@ -111,16 +115,45 @@ def test_supervisor_stops_tritonserver_and_exits_1_when_a_python_stub_dies(
             [sys.executable, str(SUPERVISOR), "--url", f"http://127.0.0.1:{http}",
              "--repository", str(toy_repository), "--probes", str(probes),
              "--interval", "0.5", "--failures", "2", "--start-timeout", "120",
-             "--stop-timeout", "20", "--", *server],
-            stdout=out, stderr=subprocess.STDOUT, env=embedded.environment(),
-            start_new_session=True,
+             "--stop-timeout", "20", *options, "--", *server],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
+    deadline = time.monotonic() + 120
+    while "all models" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+    return proc, log
+
+
+def _infer(http: int, model: str, body: dict) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/{model}/infer",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+TOY_TEXT = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]}]}
+TOY_DOUBLE = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+                       {"name": "DELAY_MS", "datatype": "FP32", "shape": [1, 1], "data": [0]}]}
+
+
+@pytest.mark.server
+def test_supervisor_without_model_control_stops_tritonserver_and_exits_1_when_a_stub_dies(
+        toy_repository, tmp_path):
+    http, grpc, metrics = free_ports(3)
+    server, env = _server_command(toy_repository, [http, grpc, metrics], "--model-control-mode=none")
+    proc, log = _supervise(tmp_path, toy_repository, server, env, http, "--recover-models")
     regions: set[str] = set()
     try:
-        deadline = time.monotonic() + 120
-        while "all models" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
         stubs = process.stub_processes(proc.pid)
         regions = process.stub_shm_regions(proc.pid)
         (toy_text,) = [pid for name, pid in stubs.items() if name.startswith("toy_text")]
@@ -135,6 +168,52 @@ def test_supervisor_stops_tritonserver_and_exits_1_when_a_python_stub_dies(
 
     text = log.read_text()
     assert code == 1, text[-3000:]
-    assert "check 2/2 failed" in text and "model 'toy_text'" in text
+    assert "per-model recovery off: the server does not run --model-control-mode=explicit" in text
+    assert "Python stub of model instance toy_text_0_0 died" in text
     assert "stopping tritonserver so the container restarts" in text
     assert leftovers == [], f"processes left behind: {leftovers}"
+
+
+@pytest.mark.server
+def test_supervisor_reloads_only_the_model_whose_stub_died_and_keeps_serving(toy_repository, tmp_path):
+    """As compose runs it: explicit model control, the load API behind the admin key."""
+    key = os.urandom(16).hex()
+    http, grpc, metrics = free_ports(3)
+    server, env = _server_command(
+        toy_repository, [http, grpc, metrics], "--model-control-mode=explicit", "--load-model=*",
+        f"--http-restricted-api=model-repository:admin-key={key}")
+    proc, log = _supervise(tmp_path, toy_repository, server, env | {"TRITON_ADMIN_KEY": key}, http,
+                           "--recover-models")
+    regions: set[str] = set()
+    try:
+        assert _infer(http, "toy_double", TOY_DOUBLE) == 200
+        stubs = process.stub_processes(proc.pid)
+        regions = process.stub_shm_regions(proc.pid)
+        (toy_text,) = [pid for name, pid in stubs.items() if name.startswith("toy_text")]
+
+        os.kill(toy_text, signal.SIGKILL)
+        killed, other = time.monotonic(), []
+        while _infer(http, "toy_text", TOY_TEXT) != 200:
+            other.append(_infer(http, "toy_double", TOY_DOUBLE))
+            assert time.monotonic() - killed < 20, log.read_text()[-3000:]
+            time.sleep(0.2)
+        recovered = time.monotonic() - killed
+        still_running = proc.poll() is None
+        new_stub = process.stub_processes(proc.pid).get("toy_text_0_0")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        process.stop(proc, grace_s=10)
+        process.remove_shm_regions(regions)
+
+    text = log.read_text()
+    assert "per-model recovery on" in text, text[-3000:]
+    assert "reloaded model 'toy_text'" in text
+    assert recovered < 5, f"toy_text answered again only after {recovered:.1f} s"
+    assert other and set(other) == {200}, f"toy_double failed while toy_text reloaded: {other}"
+    assert still_running and new_stub not in (None, toy_text)
+    assert "container restarts" not in text
+    # SIGTERM is forwarded and the server's own status comes back. After a reload Triton 2.51
+    # unloads every model at once but then waits out --exit-timeout-secs for the dead
+    # instance, and exits 1 ("Exit timeout expired"), as it does under `tools serve`.
+    assert code == 1 and "Exit timeout expired" in text, text[-2000:]

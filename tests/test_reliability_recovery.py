@@ -195,7 +195,7 @@ def test_recovery_gives_up_past_the_budget_and_forgets_deaths_older_than_the_win
     outcomes = []
     for t in (0, 10, 80, 90, 95):  # the death at 0 leaves the window before the one at 80
         now[0] = t
-        server.stubs["b_0_0"] = -1  # replaced by another process: died
+        server.stubs.pop("b_0_0", None)  # died (a reload below starts it again)
         outcomes.append(recovery.check()[0].outcome)
 
     assert outcomes == [Outcome.RELOADED, Outcome.RELOADED, Outcome.RELOADED,
@@ -203,6 +203,18 @@ def test_recovery_gives_up_past_the_budget_and_forgets_deaths_older_than_the_win
     assert server.calls[-1] == ("unload", "b") and "b" in recovery.given_up
     assert "b_0_0" not in recovery.stubs and recovery.check() == []
     assert recovery.total_restarts == {"b": 4}
+
+
+def test_a_stub_replaced_by_someone_elses_reload_is_watched_anew_and_not_reloaded():
+    # tools tune (with the admin key) reloads models on a compose server: new stubs, same names.
+    server = _FakeServer()
+    recovery = ModelRecovery(server, RestartBudget(1, 60))
+    server.stubs["b_0_0"] = 4242
+
+    assert recovery.check() == [] and server.calls == []
+    assert recovery.stubs["b_0_0"] == 4242 and recovery.total_restarts == {}
+    del server.stubs["b_0_0"]  # and when that new stub dies, it is this model's death
+    assert [e.outcome for e in recovery.check()] == [Outcome.RELOADED]
 
 
 def test_a_failed_reload_is_retried_at_the_next_look_and_counts_against_the_budget():

@@ -118,7 +118,9 @@ def server_args(d: Deployment) -> list[str]:
         http_port=HTTP_PORT,
         grpc_port=GRPC_PORT,
         metrics_port=METRICS_PORT,
-        model_control_mode="none",
+        # every model at start; the load API (admin key) only reloads a model whose stub died
+        model_control_mode="explicit",
+        load_model=("*",),
         strict_readiness=True,
         exit_on_error=True,
         exit_timeout_secs=EXIT_TIMEOUT_S,
@@ -188,8 +190,9 @@ def deployment(d: Deployment) -> dict[str, Any]:
             {"name": "TRITON_ADMIN_KEY", "valueFrom": {"secretKeyRef": {
                 "name": ADMIN_SECRET, "key": ADMIN_SECRET_KEY}}},
             {"name": "MODEL_REPOSITORY", "value": d.repository},
-            # The kubelet's probes replace the compose watchdog (docker/triton_supervisor.py).
-            {"name": "TRITON_WATCHDOG", "value": "off"},
+            # The watchdog (docker/triton_supervisor.py) only reloads a model whose Python stub
+            # died; restarting the container on failed checks is the kubelet's probes' job.
+            {"name": "TRITON_WATCHDOG", "value": "recover"},
             {"name": "HOME", "value": "/tmp"},
         ],
         "ports": [

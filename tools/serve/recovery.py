@@ -124,9 +124,14 @@ class ModelRecovery:
         return dict(self._stubs)
 
     def dead_instances(self, current: Mapping[str, int] | None = None) -> list[str]:
-        """Watched instances whose stub is gone (or was replaced by a pid not seen yet)."""
+        """Watched instances that have no stub any more.
+
+        An instance whose stub was replaced by another process is not dead: Triton 2.51 never
+        restarts a stub, so a new one means someone else reloaded the model (``tools tune``
+        with the admin key); ``check`` watches the new stub instead.
+        """
         current = self._server.stub_processes() if current is None else current
-        return sorted(inst for inst, pid in self._stubs.items() if current.get(inst) != pid)
+        return sorted(inst for inst in self._stubs if inst not in current)
 
     def check(self) -> list[RecoveryEvent]:
         """Look once; reload (or give up) each model that lost an instance.
@@ -135,6 +140,9 @@ class ModelRecovery:
             One event per model acted on (empty when every stub lives).
         """
         current = self._server.stub_processes()
+        for inst, pid in current.items():  # reloaded by someone else: watch the new stubs
+            if inst in self._stubs and self._stubs[inst] != pid:
+                self._stubs[inst] = pid
         by_model: dict[str, list[str]] = {}
         for inst in self.dead_instances(current):
             by_model.setdefault(instance_model(inst), []).append(inst)

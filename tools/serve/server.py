@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import socket
@@ -40,6 +39,8 @@ from tools.serve.server_config import (
     TritonServerConfig,
     binary_options,
 )
+from tools.serve.model_control import ModelControl, admin_headers
+from tools.serve.model_control import watch as watch_server
 from tools.serve.recovery import ModelRecovery, RecoveryEvent
 from tools.serve.server_log import failure_causes, loading_models, log_tail, one_line, ports_in_use
 
@@ -52,11 +53,8 @@ OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
 # Where the stubs' queue gates read the queue gauges (pipeline_ops.admission.METRICS_URL_ENV;
 # that package must import without `tools`, so the name is written in both).
 METRICS_URL_ENV = "TRITON_FORGE_METRICS_URL"
-_GRPC_PREFIX = "triton-grpc-protocol-"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 _READY_TIMEOUT_S = 2.0
-# Config parameter that makes a reload build new instances (see EmbeddedServer.load_model).
-RELOAD_PARAMETER = "triton_forge_reload"
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -196,7 +194,6 @@ class EmbeddedServer:
             allow_open_admin_apis = os.environ.get(OPEN_ADMIN_ENV, "") == "1"
         self.allow_open_admin_apis = allow_open_admin_apis
         self._admin_token = secrets.token_hex(16)
-        self._reloads = 0
         self._proc: subprocess.Popen | None = None
         self._models: list[str] = []
         self._shm_regions: set[str] = set()
@@ -232,8 +229,8 @@ class EmbeddedServer:
     @property
     def admin_headers(self) -> dict[str, str]:
         """Headers that open the restricted admin APIs of this server to trusted callers, for
-        HTTP and gRPC alike (gRPC expects the key prefixed with ``triton-grpc-protocol-``)."""
-        return {ADMIN_HEADER: self._admin_token, f"{_GRPC_PREFIX}{ADMIN_HEADER}": self._admin_token}
+        HTTP and gRPC alike."""
+        return admin_headers(ADMIN_HEADER, self._admin_token)
 
     @property
     def binary(self) -> Path:
@@ -249,76 +246,29 @@ class EmbeddedServer:
         """The server's exit code, or None while it runs (or before start)."""
         return self._proc.poll() if self._proc is not None else None
 
+    @property
+    def control(self) -> ModelControl:
+        """Its stubs and the admin calls of per-model recovery (``tools.serve.model_control``)."""
+        return ModelControl(self.http_url, ADMIN_HEADER, self._admin_token, self.pid,
+                            f" (server log: {self.log_path})")
+
     def stub_processes(self) -> dict[str, int]:
         """Python-backend stubs of this server: model instance name (``<model>_0_0``) -> pid."""
         return process.stub_processes(self.pid) if self.pid is not None else {}
 
     def repository_index(self) -> list[dict[str, Any]]:
-        """Triton's ``/v2/repository/index``: name, version, state and reason of every model.
-
-        Raises:
-            ServerError: the server refused or did not answer.
-        """
-        with health.client(self.http_url, timeout_s=5.0) as triton:
-            try:
-                index = triton.get_model_repository_index(headers=self.admin_headers)
-            except (InferenceServerException, OSError) as exc:
-                raise ServerError(f"repository index of {self.http_url}: {exc}") from exc
-        if not isinstance(index, list):
-            raise ServerError(f"repository index of {self.http_url} is not a list: {index}")
-        return index
+        """Triton's ``/v2/repository/index`` (``ModelControl.repository_index``)."""
+        return self.control.repository_index()
 
     def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
-        """Load ``model`` again (the admin API, with this server's key): Triton builds new
-        instances, switches to them once ready, then unloads the old ones, and reloads the
-        ensembles that use the model.
-
-        Triton 2.51 skips a load whose model folder did not change since it was loaded, and a
-        load with an identical config keeps the existing instances (its instance update),
-        either of which would leave a dead stub in place. The loaded config is therefore sent
-        with the load, with one config parameter more, ``RELOAD_PARAMETER`` (a new value each
-        time; no model reads it), which makes Triton build every instance anew.
-
-        Raises:
-            ServerError: Triton refused or failed to load it (its reason in the message).
-        """
-        with health.client(self.http_url, timeout_s=timeout_s) as triton:
-            try:
-                config = triton.get_model_config(model)
-            except (InferenceServerException, OSError) as exc:
-                raise ServerError(f"config of model '{model}' on {self.http_url}: {exc}") from exc
-        self._reloads += 1
-        parameters = config.setdefault("parameters", {})
-        parameters[RELOAD_PARAMETER] = {"string_value": f"{self._reloads}-{secrets.token_hex(4)}"}
-        self._admin_call("load", model, timeout_s, config=json.dumps(config))
+        """Load ``model`` again, building new instances (``ModelControl.load_model``)."""
+        self.control.load_model(model, timeout_s=timeout_s)
 
     def unload_model(
         self, model: str, *, unload_dependents: bool = True, timeout_s: float = 30.0
     ) -> None:
-        """Unload ``model`` (the admin API): it answers no more requests and is not ready.
-
-        Args:
-            model: The model.
-            unload_dependents: Also unload the ensembles that use it, so their readiness does
-                not claim a pipeline that cannot run.
-            timeout_s: How long Triton may take.
-
-        Raises:
-            ServerError: Triton refused or did not answer.
-        """
-        self._admin_call("unload", model, timeout_s, unload_dependents=unload_dependents)
-
-    def _admin_call(self, action: str, model: str, timeout_s: float, **options: object) -> None:
-        with health.client(self.http_url, timeout_s=timeout_s) as triton:
-            call = triton.load_model if action == "load" else triton.unload_model
-            try:
-                call(model, headers=self.admin_headers, **options)
-            except (InferenceServerException, OSError) as exc:
-                message = exc.message() if isinstance(exc, InferenceServerException) else exc
-                raise ServerError(
-                    f"{action} of model '{model}' on {self.http_url} failed: {one_line(str(message))} "
-                    f"(server log: {self.log_path})"
-                ) from exc
+        """Unload ``model``, and by default the ensembles that use it (``ModelControl.unload_model``)."""
+        self.control.unload_model(model, unload_dependents=unload_dependents, timeout_s=timeout_s)
 
     def health(
         self,
@@ -327,22 +277,9 @@ class EmbeddedServer:
         synthetic: bool = False,
         skip: Iterable[str] = (),
     ) -> health.HealthReport:
-        """``health.check`` of this server's models (``probes``: model -> request to send),
-        leaving out the models in ``skip`` and, when there are some, every model Triton lists
-        as unloading or unloaded (the ensembles unloaded with them)."""
-        skipped = set(skip)
-        if skipped:
-            try:
-                skipped |= {e["name"] for e in self.repository_index()
-                            if e.get("state") == "UNLOADING"
-                            or (e.get("state") == "UNAVAILABLE" and e.get("reason") == "unloaded")}
-            except ServerError:
-                pass
-        models = [m for m in self.models if m not in skipped]
-        return health.check(
-            self.http_url, models, probes=probes, synthetic=synthetic,
-            headers=self.admin_headers,
-        )
+        """``health.check`` of the models ready at start, leaving out ``skip`` and the models
+        unloaded with them (``ModelControl.health``)."""
+        return self.control.health(self.models, probes, synthetic=synthetic, skip=skip)
 
     # ---- command line
 
@@ -561,60 +498,19 @@ class EmbeddedServer:
         recovery: ModelRecovery | None = None,
         on_event: Callable[[RecoveryEvent], None] | None = None,
     ) -> str:
-        """Block while the server runs well; return why it needs a restart.
-
-        Triton 2.51 neither restarts a crashed Python stub nor reports it through readiness.
-        Without ``recovery``, a stub of ``stubs`` that is gone means a restart; with it, the
-        models that lost a stub are reloaded (or given up) and watching goes on. With
-        ``probes``, ``probe_failures`` failed health checks in a row, one every
-        ``probe_interval_s``, also mean a restart (models given up are not probed).
-
-        Args:
-            stubs: The stubs to watch (a ``stub_processes()`` snapshot); ignored with
-                ``recovery``, which keeps its own.
-            interval_s: Seconds between looks at the processes.
-            probes: Model -> KServe v2 JSON request sent by each health check.
-            probe_interval_s: Seconds between health checks.
-            probe_failures: Failed health checks in a row that call for a restart.
-            recovery: Reloads the models whose stub died, within its restart budget.
-            on_event: Called with each recovery action (to report it).
-
-        Returns:
-            The reason, one line.
+        """Block while the server runs well; return why it needs a restart
+        (``model_control.watch``, whose arguments these are; no ``probes``: no health checks).
 
         Raises:
             ServerError: tritonserver itself exited.
         """
-        failures, next_probe = 0, time.monotonic() + probe_interval_s
-        while True:
-            time.sleep(interval_s)
-            code = self.poll()
-            if code is not None:
-                raise ServerError(
-                    f"tritonserver exited unexpectedly (exit code {code}) "
-                    f"(server log: {self.log_path})"
-                )
-            if recovery is not None:
-                for event in recovery.check():
-                    if on_event is not None:
-                        on_event(event)
-            else:
-                dead = sorted(set(stubs) - set(self.stub_processes()))
-                if dead:
-                    return (
-                        f"Python stub of model instance {', '.join(dead)} died "
-                        "(tritonserver 2.51 neither restarts nor reports it)"
-                    )
-            if probes and time.monotonic() >= next_probe:
-                given_up = recovery.given_up if recovery is not None else {}
-                report = self.health({m: r for m, r in probes.items() if m not in given_up},
-                                     skip=given_up)
-                failures = 0 if report.healthy else failures + 1
-                next_probe = time.monotonic() + probe_interval_s
-                if failures >= probe_failures:
-                    return (
-                        f"{failures} health checks in a row failed: {'; '.join(report.problems)}"
-                    )
+        end = watch_server(self.control, self.poll, self.models, stubs, interval_s=interval_s,
+                           probes=probes or None, probe_interval_s=probe_interval_s,
+                           probe_failures=probe_failures, recovery=recovery, on_event=on_event)
+        if end.exit_code is not None:
+            raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
+                              f"(server log: {self.log_path})")
+        return end.reason
 
     def stop(self) -> None:
         """Stop the server: in-flight requests get ``exit_timeout_s`` to finish, then SIGKILL

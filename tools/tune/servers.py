@@ -128,9 +128,9 @@ class RemoteTarget:
                 if _NO_CONTROL in str(text):
                     raise ServerError(
                         f"--url {self.http_url}: the server does not let tools tune change its "
-                        f"models: it runs without --model-control-mode=explicit (docker-compose.yml "
-                        f"uses none); restart it with explicit model control, or tune the embedded "
-                        f"server (no --url)") from exc
+                        f"models: it runs without --model-control-mode=explicit; restart it with "
+                        f"explicit model control (as docker-compose.yml does), or tune the "
+                        f"embedded server (no --url)") from exc
                 raise ServerError(f"--url {self.http_url}: load of {model!r} failed: "
                                   f"{one_line(str(text))}") from exc
         self._wait_ready([model, self.pipeline])
