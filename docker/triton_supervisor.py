@@ -86,9 +86,9 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     started = time.monotonic()
-    while True:  # until every model answers once
+    while True:  # until every model answers once (looked at every 2 s at most: recovery starts then)
         try:
-            server.wait(timeout=args.interval)
+            server.wait(timeout=min(args.interval, 2.0))
             return exit_code()
         except subprocess.TimeoutExpired:
             pass

@@ -190,6 +190,11 @@ stub_kill() {
   # A dead Python stub: the watchdog reloads that model alone, and the container keeps running.
   local id pid deadline restarts
   id="$(tf_service_ids triton | head -1)"
+  deadline=$((SECONDS + 60))
+  until tf_engine logs "$id" 2>&1 | grep -q "per-model recovery on"; do
+    [ $SECONDS -lt $deadline ] || tf_die "the watchdog did not turn per-model recovery on within 60 s: $(tf_engine logs "$id" 2>&1 | grep triton_supervisor | tail -3)"
+    sleep 1
+  done
   pid="$(tf_engine exec "$id" python3 -c "import os
 for p in filter(str.isdigit, os.listdir('/proc')):
     try:
