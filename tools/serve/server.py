@@ -41,7 +41,6 @@ from tools.serve.server_config import (
 )
 from tools.serve.model_control import ModelControl, admin_headers
 from tools.serve.model_control import watch as watch_server
-from tools.serve.recovery import ModelRecovery, RecoveryEvent
 from tools.serve.server_log import failure_causes, loading_models, log_tail, one_line, ports_in_use
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
@@ -487,26 +486,18 @@ class EmbeddedServer:
             f"(server log: {self.log_path})"
         )
 
-    def watch(
-        self,
-        stubs: Mapping[str, int],
-        *,
-        interval_s: float = 1.0,
-        probes: Mapping[str, health.Request] | None = None,
-        probe_interval_s: float = 15.0,
-        probe_failures: int = 3,
-        recovery: ModelRecovery | None = None,
-        on_event: Callable[[RecoveryEvent], None] | None = None,
-    ) -> str:
-        """Block while the server runs well; return why it needs a restart
-        (``model_control.watch``, whose arguments these are; no ``probes``: no health checks).
+    def watch(self, stubs: Mapping[str, int], **options: Any) -> str:
+        """Block while the server runs well; return why it needs a restart.
+
+        ``model_control.watch`` on this server's models, with its keyword ``options``
+        (``interval_s``, ``probes``, ``probe_interval_s``, ``probe_failures``, ``recovery``,
+        ``on_event``); no ``probes`` means no health checks.
 
         Raises:
             ServerError: tritonserver itself exited.
         """
-        end = watch_server(self.control, self.poll, self.models, stubs, interval_s=interval_s,
-                           probes=probes or None, probe_interval_s=probe_interval_s,
-                           probe_failures=probe_failures, recovery=recovery, on_event=on_event)
+        options["probes"] = options.get("probes") or None
+        end = watch_server(self.control, self.poll, self.models, stubs, **options)
         if end.exit_code is not None:
             raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
                               f"(server log: {self.log_path})")
