@@ -229,3 +229,26 @@ def test_the_calibration_texts_are_an_input_of_the_int8_build_and_of_no_other(tm
     cpu["quality"]["texts"] = str(ROOT / cpu["quality"]["texts"])
     changed = load_spec(write_spec(tmp_path, data))
     assert quality_files(changed, changed.find("minilm_encoder_int8"))["calibration_texts"] != files["calibration_texts"]
+
+
+def test_openvino_int8_with_no_calibration_text_left_is_an_error_naming_the_field(tmp_path):
+    # Every calibration text is also a quality text: nothing is left to calibrate on.
+    from tools.build_repo import onnx2ov_int8
+    from tools.errors import ExportError
+
+    spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    with pytest.raises(ExportError, match=r"model 'minilm_encoder_int8': field "
+                                          r"'cpu.calibration_texts' holds no text outside the "
+                                          r"quality set"):
+        onnx2ov_int8.quantize_openvino(tmp_path / "absent.onnx", tmp_path / "q.xml", spec, [])
+    assert not (tmp_path / "q.xml").exists()
+
+
+def test_calibration_batches_are_length_sorted_and_padded_to_their_longest():
+    from tools.build_repo.onnx2ov_int8 import calibration_batches
+
+    encodings = [([1] * n, [1] * n) for n in (5, 2, 9, 3)]
+    batches = list(calibration_batches(encodings, batch=2))
+    assert [b["input_ids"].shape for b in batches] == [(2, 3), (2, 9)]
+    assert batches[0]["attention_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert batches[1]["input_ids"].dtype == np.int64
