@@ -244,18 +244,20 @@ class PytorchBuilder(SpecEntryBuilder):
         served = onnx_path
         record: dict[str, Any] = {"level": model.cpu.optimize, "runtime": "openvino",
                                   "precision": precision}
-        if model.cpu.optimize == "int8":
-            gate = model.cpu.quality
+        gate = model.cpu.quality
+        if model.cpu.gated_variant is not None:  # read once: calibration and the gate use them
             where = f"{self.where}field 'cpu.quality': "
-            held_out = set(quality.read_texts(resolve_file(gate.texts, spec.root, where)))
+            held_out = quality.read_texts(resolve_file(gate.texts, spec.root, where))
+            tokenizer_file = resolve_file(gate.tokenizer, spec.root, where)
+        if model.cpu.optimize == "int8":
             texts = quality.read_texts(resolve_file(
                 model.cpu.calibration_texts, spec.root, f"{self.where}field 'cpu.calibration_texts': "))
-            calibration = [t for t in texts if t not in held_out]
+            in_quality_set = set(held_out)
+            calibration = [t for t in texts if t not in in_quality_set]
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
             quantized = stages.run(
                 "quantize", onnx2ov_int8.quantize_openvino, onnx_path, served, model,
-                quality.tokenize(calibration, resolve_file(gate.tokenizer, spec.root, where),
-                                 gate.max_length),
+                quality.tokenize(calibration, tokenizer_file, gate.max_length),
             )
             write_reproduce_script(served, spec.path, output, model.name, self.target,
                                    note=f"NNCF static int8 of {cfg.ONNX_FILE} (OpenVINO IR, weights "
@@ -273,13 +275,8 @@ class PytorchBuilder(SpecEntryBuilder):
             entry.parity["openvino"] = {"atol": model.atol, "rtol": model.rtol,
                                         "cases": stages.result.parity["openvino"]}
         else:
-            gate = model.cpu.quality
-            where = f"{self.where}field 'cpu.quality': "
-            report = stages.run(
-                "quality", quality.check_embedding_quality, model, gate,
-                quality.read_texts(resolve_file(gate.texts, spec.root, where)),
-                resolve_file(gate.tokenizer, spec.root, where), fp32_runner, candidate,
-            )
+            report = stages.run("quality", quality.check_embedding_quality, model, gate,
+                                held_out, tokenizer_file, fp32_runner, candidate)
             record["quality"] = report.to_dict()
             stages.result.note = (f"{model.cpu.gated_variant}: min cosine {report.min_cosine:.5f}, "
                                   f"top-{gate.neighbours} agreement {report.neighbour_agreement:.3f}")
