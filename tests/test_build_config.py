@@ -102,15 +102,31 @@ def test_gpu_encoder_is_a_tensorrt_plan_on_gpu_instances_without_ragged_inputs()
     assert encoder.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
 
 
-def test_every_batching_model_rejects_overload_with_a_bounded_queue():
-    for name, config in _rendered("cpu").items():
+def _gated(configs) -> set[str]:
+    """The models a queue gate (``admission_models``) of some step bounds."""
+    return {m for c in configs.values() if "admission_models" in c.parameters
+            for m in c.parameters["admission_models"].string_value.split(",")}
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_every_batching_model_rejects_overload_with_a_bounded_queue_or_sits_behind_a_gate(target):
+    configs = _rendered(target)
+    unbounded = set()
+    for name, config in configs.items():
         if config.platform == "ensemble":
             continue
         assert config.max_batch_size > 0, name
+        if not config.dynamic_batching.HasField("default_queue_policy"):
+            unbounded.add(name)
+            continue
         policy = config.dynamic_batching.default_queue_policy
         assert policy.max_queue_size > 0, name
         assert policy.default_timeout_microseconds > 0, name
         assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT, name
+    # the encoders go without a policy (so Triton prefetches their next batch) and are bounded
+    # by text_tokenizer's gate, whose own queue is bounded (checked above)
+    assert "minilm_encoder" in unbounded
+    assert unbounded <= _gated(configs), unbounded - _gated(configs)
 
 
 def test_max_batch_size_is_written_even_when_zero():
@@ -145,12 +161,12 @@ def test_check_passes_when_committed_configs_match_the_spec(tmp_path):
 
 def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
     output = _committed(tmp_path)
-    path = output / "minilm_encoder" / "config.pbtxt"
-    path.write_text(path.read_text().replace("max_queue_size: 128", "max_queue_size: 9"))
+    path = output / "text_tokenizer" / "config.pbtxt"
+    path.write_text(path.read_text().replace("max_queue_size: 64", "max_queue_size: 9"))
     result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
     assert result.exit_code != 0
     assert "-    max_queue_size: 9" in result.output
-    assert "+    max_queue_size: 128" in result.output
+    assert "+    max_queue_size: 64" in result.output
 
 
 def test_check_reports_a_missing_config(tmp_path):

@@ -65,6 +65,22 @@ def test_spec_error_names_the_python_model_when_a_tensor_dtype_is_unknown(tmp_pa
         load_spec(_write(tmp_path, data))
 
 
+def test_spec_refuses_an_unbounded_queue_that_no_gate_bounds_naming_the_field(tmp_path):
+    data = _project_spec()
+    tokenizer = data["python_models"]["text_tokenizer"]
+    tokenizer["parameters"]["admission_models"] = "minilm_encoder,minilm_encoder_bf16"
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path, data))
+    message = str(info.value)
+    assert "model 'minilm_encoder_int8': field 'dynamic_batching.default_queue_policy'" in message
+    assert "is null (an unbounded queue), but no python model's 'admission_models'" in message
+    assert "'minilm_encoder'" not in message and "minilm_encoder_bf16'" not in message
+    data["models"]["minilm_encoder_int8"]["dynamic_batching"]["default_queue_policy"] = {
+        "max_queue_size": 128}
+    assert load_spec(_write(tmp_path, data)).find("minilm_encoder_int8").dynamic_batching \
+        .queue_policy.max_queue_size == 128
+
+
 def test_spec_rejects_instances_when_threads_exceed_the_cores(tmp_path):
     data = _project_spec()
     data["models"]["minilm_encoder"]["instances"]["cpu"] = {"count": 2, "intra_op_threads": 2}
@@ -334,7 +350,7 @@ def test_spec_fills_in_the_defaults_the_builder_reads():
     assert tokenizer.parameters == (
         ("tokenizer_file", "tokenizer.json"), ("max_length", "256"),
         ("admission_models", "minilm_encoder,minilm_encoder_int8,minilm_encoder_bf16"),
-        ("admission_max_pending", "64"),
+        ("admission_max_pending", "64"), ("admission_max_wait_ms", "500"),
     )
     image = spec.find("efficientnet_lite0")
     assert image.instances.gpu.kind == "gpu"
@@ -345,7 +361,8 @@ def test_spec_fills_in_the_defaults_the_builder_reads():
     encoder = spec.find("minilm_encoder")
     assert encoder.axis("sequence").parity == (16, 128)
     assert encoder.warmup.axes == (("sequence", 32),)
-    assert encoder.dynamic_batching.queue_policy.max_queue_size == 128
+    assert encoder.dynamic_batching.queue_policy is None, "bounded by text_tokenizer's gate"
+    assert spec.find("text_tokenizer").dynamic_batching.queue_policy.max_queue_size == 64
     assert spec.find("text_embedding").steps[0].inputs == (("TEXT", "TEXT"),)
 
 

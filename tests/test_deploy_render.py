@@ -160,7 +160,7 @@ def test_a_new_spec_gets_a_new_configmap_name_so_it_rolls_out(tmp_path):
     shutil.copytree(ROOT / "backends", tmp_path / "backends")
     spec.write_text(SPEC.read_text())
     render_k8s(spec, "cpu", tmp_path / "a")
-    spec.write_text(SPEC.read_text().replace("max_queue_size: 128", "max_queue_size: 100", 1))
+    spec.write_text(SPEC.read_text().replace("max_queue_size: 64", "max_queue_size: 100", 1))
     render_k8s(spec, "cpu", tmp_path / "b")
     names = [_objects(tmp_path / x)["Deployment/triton-forge"]["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"] for x in "ab"]
     assert names[0] != names[1]

@@ -62,6 +62,47 @@ def test_the_gate_counts_what_it_admits_and_reads_again_when_the_room_runs_out(m
     assert gate.admit(50) == 45, "19 held now: room for 45"
 
 
+def test_a_held_batch_waits_for_room_for_all_of_it_then_goes_on_whole(monkeypatch):
+    monkeypatch.setattr(admission, "MIN_READ_AGE_S", 0.01)
+    pending = iter([60, 60, 58, 50] + [50] * 100)  # room 4, 4, 6, then 14
+    reads = []
+
+    def fetch(url):
+        reads.append(time.monotonic())
+        return f'nv_inference_pending_request_count{{model="minilm_encoder",version="1"}} {next(pending)}'
+
+    gate = QueueGate(AdmissionSettings(("minilm_encoder",), 64, max_wait_s=1.0), fetch=fetch,
+                     start=False)
+    gate.refresh()
+    started = time.monotonic()
+    assert gate.admit(8) == 8, "held until a reading showed room for all 8"
+    assert len(reads) == 4 and time.monotonic() - started >= 0.02
+    assert min(b - a for a, b in zip(reads[1:], reads[2:])) >= 0.009, "reads at most every 10 ms"
+    assert gate.admit(6) == 6 and len(reads) == 4, "room 14 - 8 = 6 left: no new reading"
+
+
+def test_a_held_batch_is_refused_in_part_at_the_deadline(monkeypatch):
+    monkeypatch.setattr(admission, "MIN_READ_AGE_S", 0.01)
+    full = 'nv_inference_pending_request_count{model="minilm_encoder",version="1"} 61'
+    gate = QueueGate(AdmissionSettings(("minilm_encoder",), 64, max_wait_s=0.05),
+                     fetch=lambda url: full, start=False)
+    gate.refresh()
+    started = time.monotonic()
+    assert gate.admit(8) == 3, "room for 3 at the deadline: the other 5 are refused"
+    assert 0.04 <= time.monotonic() - started < 0.5
+
+
+def test_max_wait_is_read_in_milliseconds_and_must_be_a_whole_number():
+    params = {"admission_models": "a", "admission_max_pending": "8"}
+    assert AdmissionSettings.from_parameters(params, "tok", environ={}).max_wait_s == 0.0
+    held = AdmissionSettings.from_parameters({**params, "admission_max_wait_ms": "500"}, "tok",
+                                             environ={})
+    assert held.max_wait_s == 0.5
+    with pytest.raises(ConfigurationError, match="model 'tok': parameter 'admission_max_wait_ms'"):
+        AdmissionSettings.from_parameters({**params, "admission_max_wait_ms": "-1"}, "tok",
+                                          environ={})
+
+
 def test_the_gate_refuses_everything_while_the_later_models_hold_the_maximum():
     full = METRICS.replace('"minilm_encoder",version="1"} 40', '"minilm_encoder",version="1"} 80')
     gate = QueueGate(SETTINGS, fetch=lambda url: full, start=False)

@@ -134,7 +134,7 @@ def _failures_by_reason(server, model: str) -> dict[str, float]:
             for line in text.splitlines() if line.startswith(prefix)}
 
 
-def test_text_overload_is_refused_before_tokenizing_and_the_encoder_keeps_serving(
+def test_text_overload_is_refused_in_the_server_before_tokenizing_and_the_encoder_keeps_serving(
     triton_server,
 ):
     texts = [{"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [t]}]}
@@ -158,15 +158,20 @@ def test_text_overload_is_refused_before_tokenizing_and_the_encoder_keeps_servin
     refused = [r for r in opened.records if not r.ok]
 
     assert capacity.errors == 0 and capacity_rps > 40, (capacity.error_kinds, capacity_rps)
+    # While the tokenizer's gate holds a batch (the encoders hold 64 queued requests), the
+    # requests behind it wait in text_tokenizer's own queue, and Triton refuses what exceeds
+    # that queue (64) in the server, before the stub sees it; what waits there past its 1 s
+    # times out; the gate itself refuses only what is still without room after 500 ms.
+    by_queue = [r for r in refused if "Exceeds maximum queue size" in r.error]
+    by_timeout = [r for r in refused if "Request timeout expired" in r.error]
     by_gate = [r for r in refused if "overloaded: minilm_encoder" in r.error]
-    encoder_refused = (_failures_by_reason(triton_server, "minilm_encoder").get("REJECTED", 0)
-                       - encoder_before.get("REJECTED", 0))
+    encoder_failures = {k: v - encoder_before.get(k, 0)
+                        for k, v in _failures_by_reason(triton_server, "minilm_encoder").items()}
     assert refused and all("HTTP 503" in r.error for r in refused), {r.error for r in refused}
-    # the tokenizer's gate refuses the excess before tokenizing it; the encoder's own queue
-    # (max_queue_size 128 over the gate's 64) takes only bursts between two readings
-    assert len(by_gate) >= 0.9 * len(refused), (len(by_gate), len(refused))
-    assert encoder_refused <= 0.1 * len(refused), (encoder_refused, len(refused))
-    assert latency_summary([r.latency_ms for r in refused]).p50_ms < 100, "refused at once"
+    assert len(by_queue) + len(by_timeout) + len(by_gate) == len(refused), {r.error for r in refused}
+    assert len(by_queue) >= 0.7 * len(refused), (len(by_queue), len(by_timeout), len(by_gate))
+    assert not any(encoder_failures.values()), encoder_failures
+    assert latency_summary([r.latency_ms for r in by_queue]).p50_ms < 100, "refused at once"
     # The goodput ratio is a benchmark figure (scripts/reliability_soak.py: 0.59-0.84 over runs
     # on this shared 2-core machine, README), not a bar for a 7 s test run: CI runs measured
     # 0.47-0.69. What shows the gate at work are the refusal counts above; this only checks
@@ -175,8 +180,9 @@ def test_text_overload_is_refused_before_tokenizing_and_the_encoder_keeps_servin
     print(f"goodput {goodput_rps:.1f} of {capacity_rps:.1f} req/s = {goodput_rps / capacity_rps:.2f}; "
           f"cores {cores}")
     assert goodput_rps >= 0.25 * capacity_rps, (goodput_rps, capacity_rps, cores)
-    # accepted P99 within the encoder's queue policy (1 s timeout) plus execution
-    assert over.latency.p99_ms < 2000, over.latency
+    # accepted P99: the tokenizer's queue and hold (at most 500 ms), then at most 64
+    # queued and 4 prefetched batches at the encoders
+    assert over.latency.p99_ms < 2500, over.latency
 
 
 def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(server_factory, repository):

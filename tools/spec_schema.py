@@ -135,8 +135,18 @@ def description(node: JsonSchemaValue, root: JsonSchemaValue) -> str:
     return node.get("description") or _deref(node, root).get("description", "")
 
 
+def _or_null(node: JsonSchemaValue) -> JsonSchemaValue:
+    """The object of a field that may also be ``null`` (``typed_yaml.null_allowed``)."""
+    options = node.get("anyOf", ()) if isinstance(node, dict) else ()
+    refs = [o for o in options if "$ref" in o]
+    if len(refs) == 1 and len(options) == 2 and {"type": "null"} in options:
+        return refs[0]
+    return node
+
+
 def _is_nested(node: Any) -> bool:
     """A reference to an object documented inline (not in a section of its own)."""
+    node = _or_null(node)
     return isinstance(node, dict) and "$ref" in node and _ref_name(node) not in _LINKS
 
 
@@ -145,6 +155,7 @@ def _ref_name(node: JsonSchemaValue) -> str:
 
 
 def _deref(node: JsonSchemaValue, root: JsonSchemaValue) -> JsonSchemaValue:
+    node = _or_null(node)
     while "$ref" in node:
         node = root["$defs"][_ref_name(node)]
     return node
@@ -183,6 +194,8 @@ def _type(node: JsonSchemaValue, root: JsonSchemaValue) -> str:
             key = node.get("propertyNames", {}).get("title", "name")
             return f"mapping {key} → {_type(values, root)}"
         return "mapping"
+    if kind == "null":
+        return "`null`"
     return "any"
 
 

@@ -52,6 +52,13 @@ def _not_null(value: Any) -> Any:
 # not validated, so the check runs only on a value the file gives. The schema omits the null.
 Omittable = Annotated[T | None, AfterValidator(_not_null)]
 
+
+def null_allowed(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a field whose ``null`` means something (not an ``Omittable``):
+    the schema, which drops every null, says ``null`` is allowed there."""
+    ref = {k: schema.pop(k) for k in ("$ref", "type", "properties") if k in schema}
+    schema["anyOf"] = [ref, {"type": "null"}]
+
 Identifier = Annotated[str, Field(pattern=NAME_PATTERN)]
 Reference = Annotated[str, Field(pattern=REFERENCE_PATTERN)]
 PositiveInt = Annotated[int, Field(gt=0)]

@@ -146,12 +146,13 @@ class TritonModelConfig:
             db = self.dynamic_batching
             batching: dict[str, Any] = {
                 "max_queue_delay_microseconds": db.max_queue_delay_microseconds,
-                "default_queue_policy": {
+            }
+            if db.queue_policy is not None:
+                batching["default_queue_policy"] = {
                     "timeout_action": db.queue_policy.timeout_action,
                     "default_timeout_microseconds": db.queue_policy.default_timeout_microseconds,
                     "max_queue_size": db.queue_policy.max_queue_size,
-                },
-            }
+                }
             if db.preferred_batch_size:
                 batching["preferred_batch_size"] = list(db.preferred_batch_size)
             out["dynamic_batching"] = batching
@@ -383,7 +384,7 @@ def queue_stall_advisories(configs: dict[str, TritonModelConfig], names: list[st
         config = configs[name]
         batching = config.dynamic_batching
         instances = sum(g.count for g in config.instance_groups)
-        if batching is not None and batching.queue_policy.max_queue_size > 0 and instances == 1:
+        if batching is not None and batching.queue_policy is not None and instances == 1:
             notes.append(
                 f"{name}: one instance with max_queue_size {batching.queue_policy.max_queue_size}; "
                 f"under overload Triton's batcher can leave a lone instance idle for up to "

@@ -26,6 +26,7 @@ from pydantic import (
 
 from tools.errors import SpecError
 from tools.typed_yaml import (
+    null_allowed,
     NAME_PATTERN,
     REFERENCE_PATTERN,
     Identifier,
@@ -219,11 +220,15 @@ class DynamicBatchingSpec:
         description="`preferred_batch_size` (rendered only when the list is not empty). Each "
         "size must be ≤ `max_batch_size`.",
     )
-    queue_policy: QueuePolicySpec = Field(
+    queue_policy: QueuePolicySpec | None = Field(
         default_factory=QueuePolicySpec,
         alias="default_queue_policy",
+        json_schema_extra=null_allowed,
         description="`default_queue_policy { timeout_action, default_timeout_microseconds, "
-        "max_queue_size }`.",
+        "max_queue_size }`. `null`: no queue policy, so Triton's batcher prefetches the next "
+        "batch while every instance is busy and an instance that finishes starts it at once "
+        "(with a policy it waits for the next request to arrive). The queue is then unbounded: "
+        "allowed only for a model that a pipeline step's queue gate (`admission_models`) names.",
     )
 
 
@@ -1188,6 +1193,24 @@ class RepositoryYaml:
         if duplicates:
             raise fail("duplicate_name",
                        f"names used by more than one model or pipeline: {duplicates}")
+        return self
+
+    @model_validator(mode="after")
+    def _unbounded_queues_are_gated(self) -> RepositoryYaml:
+        gated: set[str] = set()
+        for entry in self.python_models.values():
+            for params in (entry.parameters, *entry.target_parameters.values()):
+                gated.update(m.strip() for m in str(params.get("admission_models", "")).split(","))
+        rules = Rules()
+        for section, entries in (("models", self.models), ("python_models", self.python_models)):
+            for name, entry in entries.items():
+                batching = entry.dynamic_batching
+                if batching is not None and batching.queue_policy is None and name not in gated:
+                    rules.add((section, name, "dynamic_batching", "default_queue_policy"),
+                              "is null (an unbounded queue), but no python model's "
+                              "'admission_models' parameter names this model: give it a "
+                              "queue policy, or gate the step before it")
+        rules.raise_any()
         return self
 
     @model_validator(mode="after")

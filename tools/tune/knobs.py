@@ -111,8 +111,10 @@ def knobs_of(model: ModelSpec | PythonModelSpec) -> ModelKnobs:
     batching = model.dynamic_batching
     if batching is None:
         return ModelKnobs(cpu.count, threads, None, (), None)
+    policy = batching.queue_policy
     return ModelKnobs(cpu.count, threads, batching.max_queue_delay_microseconds,
-                      tuple(batching.preferred_batch_size), batching.queue_policy.max_queue_size)
+                      tuple(batching.preferred_batch_size),
+                      policy.max_queue_size if policy is not None else None)
 
 
 def start_settings(models: Iterable[ModelSpec | PythonModelSpec]) -> Settings:

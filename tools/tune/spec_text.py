@@ -70,6 +70,10 @@ def _edit_for(text: str, node: yaml.Node, path: Sequence[str], value: Any, where
     if found is not None:
         key_node, child = found
         if rest:
+            if isinstance(child, yaml.ScalarNode) and child.tag.endswith(":null"):
+                # e.g. `default_queue_policy: null` (none): the knob brings a policy of its own
+                return _Edit(child.start_mark.index, child.end_mark.index,
+                             _flow(_nested(rest, value)))
             if not isinstance(child, yaml.MappingNode):
                 raise SpecEditError(f"{where}: {key!r} is not a mapping")
             return _edit_for(text, child, rest, value, f"{where}.{key}")
