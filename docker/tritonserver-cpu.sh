@@ -1,16 +1,33 @@
 #!/bin/sh
 # /opt/tritonserver/bin/tritonserver of the CPU image (docker/triton-cpu.Dockerfile): the
 # nvidia-pytriton wheel's Triton 2.51, started with the compose file's flags. 2.51 has no
-# --http-max-input-size (25.x+): it is dropped with a note, so docker-compose.yml stays the one
-# command line for the NGC image and this one.
-binary=/opt/tritonserver/libexec/tritonserver
+# --http-max-input-size (25.x+), so docker-compose.yml stays the one command line for the NGC
+# image and this one: here the flag starts the HTTP guard (tools/serve/http_guard.py, standard
+# library only) on the HTTP address and port, with that bound, and tritonserver's own HTTP
+# endpoint moves to 127.0.0.1, port + 10000, behind it. The guard watches this pid (tritonserver
+# after the exec below), outlives a SIGTERM until tritonserver has drained, and exits with it.
+# (both paths can be given for tests/test_serve_http_guard.py, which runs this script on the host)
+binary=${TRITONSERVER_CPU_BINARY:-/opt/tritonserver/libexec/tritonserver}
+guard=${TRITON_FORGE_HOME:-/opt/triton-forge}/tools/serve/http_guard.py
+max_input="" http_port=8000 http_address=0.0.0.0
 for arg in "$@"; do
     shift
     case "$arg" in
-        --http-max-input-size=*)
-            echo "tritonserver-cpu: Triton 2.51 has no ${arg%%=*}; dropped (its HTTP limit stays 64 MiB)" >&2
-            continue ;;
+        --http-max-input-size=*) max_input="${arg#*=}"; continue ;;
+        --http-port=*) http_port="${arg#*=}"; continue ;;
+        --http-address=*) http_address="${arg#*=}"; continue ;;
     esac
     set -- "$@" "$arg"
 done
+if [ -n "$max_input" ]; then
+    inner=$((http_port + 10000))
+    echo "tritonserver-cpu: Triton 2.51 has no --http-max-input-size; the HTTP guard on" \
+         "$http_address:$http_port bounds bodies to $max_input bytes (tritonserver's HTTP on 127.0.0.1:$inner)" >&2
+    python3 "$guard" --listen-address "$http_address" \
+        --listen-port "$http_port" --upstream-port "$inner" --max-body-bytes "$max_input" \
+        --max-buffered-bytes $((4 * max_input)) --watch-pid $$ &
+    set -- "$@" --http-address=127.0.0.1 --http-port="$inner"
+else
+    set -- "$@" --http-address="$http_address" --http-port="$http_port"
+fi
 exec "$binary" "$@"

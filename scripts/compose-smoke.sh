@@ -176,6 +176,16 @@ probe() {
     fi
     tf_log "inference over $protocol from the host: ok"
   done
+  # compose's --http-max-input-size: the CPU image's HTTP guard (docker/tritonserver-cpu.sh)
+  # refuses a body over 16 MiB before reading it, and the server keeps answering
+  local code
+  code="$(curl -sS -o /dev/null -w '%{http_code}' --max-time 10 -X POST \
+      -H 'Content-Type: application/json' -H 'Content-Length: 80000000' -H 'Expect:' \
+      http://127.0.0.1:8000/v2/models/text_embedding/infer 2>/dev/null || true)"
+  [ "$code" = 413 ] || tf_die "an 80 MB body got HTTP ${code:-no answer}, not 413 from the HTTP guard"
+  timeout 60 "$tools" infer text_embedding --text "after the oversized body" --json >/dev/null \
+    || tf_die "text_embedding failed after the oversized body"
+  tf_log "an 80 MB body: HTTP 413 from the guard, unread; the server answers on"
   # Prometheus has scraped the requests just sent.
   local deadline=$((SECONDS + 60))
   until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=sum(nv_inference_request_success%7Bjob%3D%22triton%22%7D)' 2>/dev/null \

@@ -9,6 +9,7 @@ a few kubelet features, so the test adapts a copy of the Deployment (see ``_for_
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import shutil
@@ -165,6 +166,20 @@ def _stub_pids(pod, model: str) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _announced_body_status(url: str, length: int) -> int:
+    """The status a POST announcing ``length`` body bytes gets before sending any of them."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.putrequest("POST", "/v2/models/text_embedding/infer")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(length))
+        conn.endheaders()
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
 def test_pod_gets_ready_serves_inferences_and_a_killed_stub_is_reloaded_in_place(pod):
     podman, container = pod["podman"], pod["container"]
     waited = _wait_healthy(pod)
@@ -182,14 +197,17 @@ def test_pod_gets_ready_serves_inferences_and_a_killed_stub_is_reloaded_in_place
 
     readiness = pod["deployment"]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
     assert podman("exec", container, *readiness).returncode == 0
-    (stub,) = _stub_pids(pod, "text_tokenizer")
+    assert _announced_body_status(pod["http"], 80_000_000) == 413, "the cpu image's HTTP guard"
+    stubs = _stub_pids(pod, "text_tokenizer")
+    assert len(stubs) == 2, stubs  # two tokenizer instances on the cpu target
+    stub = stubs[0]
     podman("exec", container, "python3", "-c", f"import os, signal; os.kill({stub}, signal.SIGKILL)", check=True)
     killed = time.monotonic()
     # The watchdog (TRITON_WATCHDOG=recover) reloads text_tokenizer alone: a new stub, and the
     # pipeline answers again, with no container restart.
     body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["again"]}]}
     while _http(f"{pod['http']}/v2/models/text_embedding/infer", body)[0] != 200 or not (
-            set(_stub_pids(pod, "text_tokenizer")) - {stub}):
+            set(_stub_pids(pod, "text_tokenizer")) - set(stubs)):
         assert time.monotonic() - killed < 30, "text_embedding did not answer again within 30 s"
         time.sleep(0.5)
     recovered = time.monotonic() - killed

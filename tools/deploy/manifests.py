@@ -12,7 +12,12 @@ from typing import Any
 
 from tools.deploy import promql
 from tools.deploy.sizing import PodResources
-from tools.serve.server_config import RESTRICTED_APIS, Restriction, TritonServerConfig
+from tools.serve.server_config import (
+    HTTP_MAX_INPUT_SIZE,
+    RESTRICTED_APIS,
+    Restriction,
+    TritonServerConfig,
+)
 
 NAME = "triton-forge"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -125,6 +130,8 @@ def server_args(d: Deployment) -> list[str]:
         exit_on_error=True,
         exit_timeout_secs=EXIT_TIMEOUT_S,
         disable_auto_complete_config=True,
+        # 16 MiB per HTTP request, as compose; the CPU image's 2.51 turns it into its HTTP guard
+        http_max_input_size=HTTP_MAX_INPUT_SIZE,
         http_restricted_api=restriction,
         grpc_restricted_protocol=restriction,
         allow_metrics=True,

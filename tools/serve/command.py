@@ -17,7 +17,9 @@ from tools import process
 from tools.errors import ServerError, UserInputError
 from tools.serve import health
 from tools.serve.recovery import ModelRecovery, RestartBudget
-from tools.serve.server import OPEN_ADMIN_ENV, STOP_GRACE_S, EmbeddedServer
+from tools.serve.http_guard import GuardLimits
+from tools.serve.server import OPEN_ADMIN_ENV, STOP_GRACE_S, EmbeddedServer, resolve_binary
+from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, binary_options
 
 _WATCH_INTERVAL_S = 1.0
 _PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
@@ -38,6 +40,9 @@ def _describe(server: EmbeddedServer) -> str:
         [
             f"tritonserver ready: pid {server.pid}, log {server.log_path}",
             f"http     {server.http_url}",
+            *([f"guard    HTTP bodies up to {server.http_guard.max_body_bytes} bytes, JSON shapes "
+               f"checked; tritonserver's own HTTP on {server.triton_http_url}"]
+              if server.http_guard else []),
             f"grpc     {server.grpc_url}",
             f"metrics  http://{server.metrics_url}/metrics",
             f"models   {', '.join(server.models)}",
@@ -175,7 +180,7 @@ def _serve_until_signal(
                 on_event=lambda event: click.echo(event.describe(), err=True),
             )
         except ServerError as exc:
-            if server.poll() is None:
+            if server.poll() is None and server.guard_running:
                 raise
             # e.g. Triton 2.51 aborts (std::bad_alloc) on a JSON shape whose byte size overflows
             reason = str(exc)
@@ -286,6 +291,21 @@ def _port_option(kind: str, default: int, what: str):
     f"--grpc-restricted-protocol), leaving them open to any local caller [also: "
     f"{OPEN_ADMIN_ENV}=1]. Without it such a binary is refused.",
 )
+@click.option(
+    "--http-guard/--no-http-guard",
+    default=None,
+    help="Put a guard in front of tritonserver's HTTP port that refuses bodies over "
+    "--max-body-bytes (413) and JSON shapes their body cannot hold (400) before tritonserver "
+    "reads them [default: on for a binary without --http-max-input-size, such as the "
+    "nvidia-pytriton wheel's 2.51].",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1),
+    default=HTTP_MAX_INPUT_SIZE,
+    show_default=True,
+    help="Largest HTTP request body (the guard's bound, or --http-max-input-size on Triton 25.x+).",
+)
 def serve(
     repository: Path,
     http_port: int,
@@ -303,6 +323,8 @@ def serve(
     pid_file: Path | None,
     probes: Path | None,
     allow_open_admin_apis: bool,
+    http_guard: bool | None,
+    max_body_bytes: int,
 ) -> None:
     """Run tritonserver on a model repository, bound to 127.0.0.1.
 
@@ -323,9 +345,11 @@ def serve(
     local users in /proc/PID/cmdline: it guards a loopback-only development server against
     accidents, not against other users of the machine.
 
-    HTTP inputs are bounded to 16777216 bytes (16 MiB, as in docker-compose.yml) only with
-    Triton 25.x or later, whose tritonserver has --http-max-input-size; the 2.51 binary of the
-    nvidia-pytriton wheel lacks the option and keeps its built-in default.
+    HTTP request bodies are bounded to --max-body-bytes (16 MiB, as in docker-compose.yml):
+    by tritonserver's --http-max-input-size on Triton 25.x or later; the 2.51 binary of the
+    nvidia-pytriton wheel lacks it and reads any body whole, so a guard process holds the public
+    HTTP port and forwards to tritonserver on a loopback port of its own (--no-http-guard to
+    leave it out). gRPC is not behind the guard.
 
     \b
     For scripts:
@@ -340,6 +364,8 @@ def serve(
         _stop_from_pid_file(pid_file, exit_timeout)
         return
     requests = health.read_probes(probes)
+    if http_guard is None:
+        http_guard = "--http-max-input-size" not in binary_options(resolve_binary(binary))
     server = EmbeddedServer(
         repository,
         http_port=http_port,
@@ -349,6 +375,9 @@ def serve(
         log_path=log_file,
         exit_timeout_s=exit_timeout,
         allow_open_admin_apis=allow_open_admin_apis or None,
+        http_guard=GuardLimits(max_body_bytes, max(4 * max_body_bytes, 64 * 2**20))
+        if http_guard else None,
+        max_body_bytes=max_body_bytes,
     )
     if background:
         _start_in_background(server, pid_file, start_timeout, requests)

@@ -39,6 +39,7 @@ from tools.serve.server_config import (
     TritonServerConfig,
     binary_options,
 )
+from tools.serve.http_guard import GuardLimits
 from tools.serve.model_control import ModelControl, admin_headers
 from tools.serve.model_control import watch as watch_server
 from tools.serve.server_log import failure_causes, loading_models, log_tail, one_line, ports_in_use
@@ -54,6 +55,7 @@ OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
 METRICS_URL_ENV = "TRITON_FORGE_METRICS_URL"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 _READY_TIMEOUT_S = 2.0
+_TRITON_HTTP = "Triton HTTP"  # tritonserver's HTTP port when a guard holds the public one
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -142,9 +144,9 @@ class EmbeddedServer:
     environment variable for it): it keeps casual or accidental callers off the loopback-bound
     admin APIs of a development server, and is no protection against other local users.
 
-    HTTP request size: binaries that have ``--http-max-input-size`` (Triton 25.x+) get the
-    bound of docker-compose.yml (16 MiB); the 2.51 binary of the nvidia-pytriton wheel lacks the
-    option and keeps Triton's built-in default.
+    HTTP request size: binaries that have ``--http-max-input-size`` (Triton 25.x+) get
+    ``max_body_bytes`` (docker-compose.yml's 16 MiB); the 2.51 binary of the nvidia-pytriton
+    wheel lacks the option and reads any body whole: ``http_guard`` bounds it in front.
 
     Args:
         model_repository: The repository folder (one sub-folder per model).
@@ -161,6 +163,10 @@ class EmbeddedServer:
             ``--http-restricted-api`` / ``--grpc-restricted-protocol``), leaving them open;
             defaults to ``$TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS=1``. Otherwise such a binary is
             refused.
+        http_guard: Put ``tools.serve.http_guard`` on the HTTP port, with these limits, and
+            tritonserver's own HTTP endpoint on a free loopback port behind it (``tools serve``
+            does for a binary without ``--http-max-input-size``).
+        max_body_bytes: ``--http-max-input-size`` for a binary that has it.
 
     Attributes:
         model_repository: The repository served.
@@ -181,9 +187,16 @@ class EmbeddedServer:
         exit_timeout_s: int = 30,
         extra_args: Sequence[str] = (),
         allow_open_admin_apis: bool | None = None,
+        http_guard: GuardLimits | None = None,
+        max_body_bytes: int = HTTP_MAX_INPUT_SIZE,
     ) -> None:
         self.model_repository = Path(model_repository)
         self._requested_ports = {"HTTP": http_port, "GRPC": grpc_port, "Metrics": metrics_port}
+        self.http_guard = http_guard
+        self.max_body_bytes = max_body_bytes
+        if http_guard is not None:
+            self._requested_ports[_TRITON_HTTP] = 0  # tritonserver's own, behind the guard
+        self._guard: subprocess.Popen | None = None
         self._ports: dict[str, int] = {}
         self._binary = binary
         self.log_path = Path(log_path) if log_path is not None else _default_log_path()
@@ -202,8 +215,14 @@ class EmbeddedServer:
 
     @property
     def http_url(self) -> str:
-        """``127.0.0.1:PORT`` of the HTTP endpoint (as tritonclient expects it)."""
+        """``127.0.0.1:PORT`` of the HTTP endpoint (as tritonclient expects it); with
+        ``http_guard``, the guard's."""
         return f"{LOOPBACK}:{self._port('HTTP')}"
+
+    @property
+    def triton_http_url(self) -> str:
+        """``127.0.0.1:PORT`` of tritonserver's own HTTP endpoint (behind the guard, if any)."""
+        return f"{LOOPBACK}:{self._port(_TRITON_HTTP if self.http_guard else 'HTTP')}"
 
     @property
     def grpc_url(self) -> str:
@@ -248,7 +267,7 @@ class EmbeddedServer:
     @property
     def control(self) -> ModelControl:
         """Its stubs and the admin calls of per-model recovery (``tools.serve.model_control``)."""
-        return ModelControl(self.http_url, ADMIN_HEADER, self._admin_token, self.pid,
+        return ModelControl(self.triton_http_url, ADMIN_HEADER, self._admin_token, self.pid,
                             f" (server log: {self.log_path})")
 
     def stub_processes(self) -> dict[str, int]:
@@ -333,7 +352,7 @@ class EmbeddedServer:
             model_repository=str(self.model_repository.resolve()),
             backend_directory=str(self.backend_directory()),
             http_address=LOOPBACK,
-            http_port=self._port("HTTP"),
+            http_port=self._port(_TRITON_HTTP if self.http_guard else "HTTP"),
             grpc_address=LOOPBACK,
             grpc_port=self._port("GRPC"),
             metrics_address=LOOPBACK,
@@ -348,7 +367,7 @@ class EmbeddedServer:
             disable_auto_complete_config=switch,
             strict_model_config=None if switch else True,
             # Triton 25.x+; absent from 2.51
-            http_max_input_size=HTTP_MAX_INPUT_SIZE if "--http-max-input-size" in options else None,
+            http_max_input_size=self.max_body_bytes if "--http-max-input-size" in options else None,
             http_restricted_api=restriction if http_restricted else None,
             grpc_restricted_protocol=restriction
             if grpc_flag == "--grpc-restricted-protocol"
@@ -441,11 +460,51 @@ class EmbeddedServer:
                 f"{pending} (server log: {self.log_path})"
             )
         self._shm_regions = process.stub_shm_regions(self._proc.pid)
+        if self.http_guard is not None:
+            self._start_guard(self.http_guard)
         return self
+
+    def _start_guard(self, limits: GuardLimits, timeout_s: float = 10.0) -> None:
+        """Start ``tools.serve.http_guard`` on the public HTTP port, in a session of its own (it
+        outlives a ``detach``, and ends by itself once tritonserver is gone)."""
+        cmd = [sys.executable, "-m", "tools.serve.http_guard",
+               "--listen-port", str(self._port("HTTP")),
+               "--upstream-port", str(self._port(_TRITON_HTTP)),
+               "--max-body-bytes", str(limits.max_body_bytes),
+               "--max-buffered-bytes", str(limits.max_buffered_bytes),
+               "--read-timeout-s", str(limits.read_timeout_s),
+               "--watch-pid", str(self._proc.pid)]
+        with open(self.log_path, "ab") as log:
+            self._guard = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                           start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._guard.poll() is not None:
+                break
+            try:
+                socket.create_connection((LOOPBACK, self._port("HTTP")), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ServerError(f"the HTTP guard did not listen on {self.http_url} within "
+                          f"{timeout_s:g} s (server log: {self.log_path})")
+
+    def _stop_guard(self) -> None:
+        if self._guard is None:
+            return
+        if self._guard.poll() is None:
+            self._guard.terminate()
+            try:
+                self._guard.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._guard.kill()
+                self._guard.wait(timeout=5)
+        self._guard = None
 
     def _ready(self) -> bool:
         try:
-            with health.client(self.http_url, _READY_TIMEOUT_S) as triton:
+            with health.client(self.triton_http_url, _READY_TIMEOUT_S) as triton:
                 if not triton.is_server_ready():
                     return False
             index = self.repository_index()
@@ -497,11 +556,26 @@ class EmbeddedServer:
             ServerError: tritonserver itself exited.
         """
         options["probes"] = options.get("probes") or None
-        end = watch_server(self.control, self.poll, self.models, stubs, **options)
+        end = watch_server(self.control, self._poll_with_guard, self.models, stubs, **options)
         if end.exit_code is not None:
+            if self.poll() is None:
+                raise ServerError(f"the HTTP guard in front of tritonserver exited (exit code "
+                                  f"{end.exit_code}) (server log: {self.log_path})")
             raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
                               f"(server log: {self.log_path})")
         return end.reason
+
+    @property
+    def guard_running(self) -> bool:
+        """False when this server has an HTTP guard and it is not running."""
+        return self.http_guard is None or (self._guard is not None and self._guard.poll() is None)
+
+    def _poll_with_guard(self) -> int | None:
+        """tritonserver's exit code, else the guard's once it has exited, else None."""
+        code = self.poll()
+        if code is None and self._guard is not None:
+            return self._guard.poll()
+        return code
 
     def stop(self) -> None:
         """Stop the server: in-flight requests get ``exit_timeout_s`` to finish, then SIGKILL
@@ -518,9 +592,11 @@ class EmbeddedServer:
         # regions. Only Python-backend stub processes are read, so a reused pid is harmless.
         self._shm_regions |= process.stub_shm_regions(self._proc.pid)
         try:
+            # the guard goes after tritonserver: responses of the drain still pass through it
             survivors = process.stop(self._proc, self.exit_timeout_s + STOP_GRACE_S)
         finally:
             self._forget_finalizer()
+            self._stop_guard()
         if survivors:
             raise ServerError(
                 f"processes {survivors} of tritonserver group {self._proc.pid} survived SIGKILL"
@@ -540,8 +616,11 @@ class EmbeddedServer:
             raise ServerError("the server has not been started")
         self._forget_finalizer()
         pid = self._proc.pid
-        # forget the child so Popen.__del__ does not warn; init reaps it later
+        # forget the children so Popen.__del__ does not warn; init reaps them later
         self._proc.returncode = 0
+        if self._guard is not None:
+            self._guard.returncode = 0
+            self._guard = None
         return pid
 
     def __enter__(self) -> Self:

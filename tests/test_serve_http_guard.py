@@ -1,0 +1,241 @@
+"""The HTTP guard in front of the embedded tritonserver 2.51 (``tools.serve.http_guard``).
+
+Triton 2.51 reads any body whole and aborts on a JSON shape whose byte size overflows
+(tests/test_reliability_faults.py shows what it does unguarded). Here a real tritonserver on the
+toy repository runs behind the guard, as ``tools serve`` starts it for that binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import numpy as np
+import psutil
+import tritonclient.http as httpclient
+
+from tools.serve import faults
+from tools.serve.http_guard import GuardLimits, shape_problem
+from tools.serve.server import port_in_use
+
+pytestmark = pytest.mark.reliability
+
+LIMITS = GuardLimits(max_body_bytes=1 << 20, max_buffered_bytes=3 << 20, read_timeout_s=2.0)
+
+
+def _double(shape: list[int], data: list[float]) -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32",
+                                   "data": data}]}).encode()
+
+
+def _head(url: str, length: int, extra: str = "", model: str = "toy_double") -> bytes:
+    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {url}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n").encode()
+
+
+def _connect(url: str) -> socket.socket:
+    host, _, port = url.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
+    """One HTTP response from ``sock``: status, headers (lower-case), body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+    length = int(headers.get("content-length", 0))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return int(lines[0].split(" ")[1]), headers, rest[:length]
+
+
+def _exchange(url: str, request: bytes) -> tuple[int, dict, bytes]:
+    with _connect(url) as sock:
+        sock.sendall(request)
+        return _read_response(sock)
+
+
+def _infer_ok(url: str) -> np.ndarray:
+    with httpclient.InferenceServerClient(url) as client:
+        data = np.arange(4, dtype=np.float32).reshape(1, 4)
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(data)
+        return client.infer("toy_double", [tensor]).as_numpy("OUTPUT0")
+
+
+def test_a_shape_is_refused_only_when_its_body_cannot_hold_it():
+    assert shape_problem(_double([1, 4], [1, 2, 3, 4]), 80) is None
+    assert "shape [1, 1099511627776] has 1099511627776 elements, more than the 80-byte" in \
+        shape_problem(_double([1, 2 ** 40], [1]), 80)
+    assert "input 'INPUT0': shape [1, -4] has a negative dimension" == \
+        shape_problem(_double([1, -4], [1, 2, 3, 4]), 80)
+    in_shm = json.dumps({"inputs": [{"name": "x", "shape": [1, 2 ** 40], "datatype": "FP32",
+                                     "parameters": {"shared_memory_region": "r"}}]}).encode()
+    assert shape_problem(in_shm, 90) is None, "data in shared memory is not in the body"
+    assert shape_problem(b"not json", 8) is None and shape_problem(b"[1, 2]", 6) is None
+
+
+def test_the_guard_serves_through_and_refuses_an_oversized_body_before_reading_it(server_factory,
+                                                                               toy_repository):
+    server = server_factory(toy_repository, http_guard=LIMITS)
+    assert server.http_url != server.triton_http_url
+    assert np.array_equal(_infer_ok(server.http_url), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
+    rss = faults.sample([server.pid]).rss_bytes
+
+    # 80 MB announced, nothing sent: refused at once and the connection closed
+    started = time.monotonic()
+    status, headers, body = _exchange(server.http_url, _head(server.http_url, 80_000_000))
+    assert status == 413 and headers.get("connection") == "close"
+    assert "request body of 80000000 bytes is over the limit of 1048576 bytes" in \
+        json.loads(body)["error"]
+    assert time.monotonic() - started < 2
+    # a client that waits for 100-continue is refused before it sends a byte of its body
+    status, _, _ = _exchange(server.http_url,
+                             _head(server.http_url, 5_000_000, "Expect: 100-continue\r\n"))
+    assert status == 413
+    # and one with a body that fits gets 100 Continue, then its answer
+    request = _double([1, 4], [1, 2, 3, 4])
+    with _connect(server.http_url) as sock:
+        sock.sendall(_head(server.http_url, len(request), "Expect: 100-continue\r\n"))
+        assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(request)
+        status, _, body = _read_response(sock)
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2, 4, 6, 8]
+    assert faults.sample([server.pid]).rss_bytes - rss < 16 << 20, "tritonserver never saw the body"
+
+
+def test_a_json_shape_that_aborts_triton_251_is_refused_and_the_server_keeps_serving(
+    server_factory, toy_repository,
+):
+    server = server_factory(toy_repository, http_guard=LIMITS)
+    pid = server.pid
+    with _connect(server.http_url) as sock:  # one keep-alive connection for all of them
+        replies = []
+        for shape in ([1, 2 ** 40], [2 ** 31, 2 ** 31], [-1, 4], [1, 4]):
+            request = _double(shape, [1, 2, 3, 4])
+            sock.sendall(_head(server.http_url, len(request)) + request)
+            replies.append(_read_response(sock))
+    assert [status for status, _, _ in replies] == [400, 400, 400, 200], replies
+    assert "input 'INPUT0': shape [1, 1099511627776] has 1099511627776 elements" in \
+        json.loads(replies[0][2])["error"]
+    assert "negative dimension" in json.loads(replies[2][2])["error"]
+    assert server.poll() is None and server.pid == pid
+    assert np.array_equal(_infer_ok(server.http_url), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
+
+
+def test_large_bodies_beyond_the_budget_and_slow_senders_are_refused_while_others_are_served(
+    server_factory, toy_repository,
+):
+    server = server_factory(toy_repository, http_guard=LIMITS)
+    size = 1 << 20  # each at the body limit; the budget holds three
+    holders = []
+    for _ in range(3):  # send headers and a little of the body, then stall
+        sock = _connect(server.http_url)
+        sock.sendall(_head(server.http_url, size) + b"{" * 10)
+        holders.append(sock)
+    time.sleep(0.3)
+    try:
+        status, _, body = _exchange(server.http_url, _head(server.http_url, size))
+        assert status == 503 and "retry later" in json.loads(body)["error"], body
+        served = [_infer_ok(server.http_url) for _ in range(20)]  # small bodies pass meanwhile
+        assert len(served) == 20
+        # the stalled senders get 408 once read_timeout_s (2 s) has passed, and are closed
+        replies = [_read_response(sock) for sock in holders]
+    finally:
+        for sock in holders:
+            sock.close()
+    assert [status for status, _, _ in replies] == [408] * 3
+    # with their budget free again, a large body that fits is served
+    request = _double([1, 4], [1, 2, 3, 4]) + b" " * (size - 200)
+    status, _, _ = _exchange(server.http_url, _head(server.http_url, len(request)) + request)
+    assert status == 200
+
+
+def test_the_guard_stops_with_the_server_and_frees_its_port(server_factory, toy_repository):
+    server = server_factory(toy_repository, http_guard=LIMITS)
+    port = int(server.http_url.rpartition(":")[2])
+    assert port_in_use(port)
+    server.stop()
+    assert not port_in_use(port)
+
+
+def test_a_request_whose_upstream_connection_was_lost_is_sent_once_more_on_a_fresh_one():
+    """A fake upstream that drops the first connection it is sent a request on (as a restarted
+    or idle-closing server does) and answers on the next: the client sees only the answer."""
+    import asyncio
+
+    from tools.serve.http_guard import HttpGuard
+
+    async def scenario() -> tuple[int, bytes, int]:
+        seen = []
+
+        async def upstream(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            seen.append(1)
+            if len(seen) == 1:
+                writer.close()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        fake = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        guard = HttpGuard(fake.sockets[0].getsockname()[1], LIMITS)
+        front = await asyncio.start_server(guard.connection, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", front.sockets[0].getsockname()[1])
+        writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        body = await reader.readexactly(2)
+        writer.close()
+        fake.close()
+        front.close()
+        return int(head.split(b" ")[1]), body, len(seen)
+
+    assert asyncio.run(scenario()) == (200, b"ok", 2)
+
+
+def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_compose_flag(
+    server_factory, toy_repository, tmp_path,
+):
+    """docker/tritonserver-cpu.sh, run here on the host with the wheel's binary: compose's
+    --http-max-input-size starts the guard on the HTTP port, tritonserver moves behind it."""
+    from tools.serve.server import free_ports, resolve_binary
+
+    root = Path(__file__).resolve().parents[1]
+    port = next(p for p in free_ports(20) if p < 55000 and not port_in_use(p + 10000))
+    wrapper = tmp_path / "bin" / "tritonserver"  # no ../backends beside it: the wheel's is used
+    wrapper.parent.mkdir()
+    wrapper.write_bytes((root / "docker" / "tritonserver-cpu.sh").read_bytes())
+    wrapper.chmod(0o755)
+    os.environ["TRITONSERVER_CPU_BINARY"] = str(resolve_binary())
+    os.environ["TRITON_FORGE_HOME"] = str(root)
+    try:
+        server = server_factory(toy_repository, binary=wrapper,
+                                http_port=port, extra_args=("--http-max-input-size=1048576",),
+                                allow_open_admin_apis=True)
+    finally:
+        del os.environ["TRITONSERVER_CPU_BINARY"], os.environ["TRITON_FORGE_HOME"]
+    guards = [p for p in psutil.process_iter(["cmdline"])
+              if "http_guard.py" in " ".join(p.info["cmdline"] or [])
+              and str(port) in (p.info["cmdline"] or [])]
+    assert len(guards) == 1 and port_in_use(port + 10000), "tritonserver listens behind it"
+    assert np.array_equal(_infer_ok(server.http_url), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
+    status, _, body = _exchange(server.http_url, _head(server.http_url, 2_000_000))
+    assert status == 413 and "over the limit of 1048576 bytes" in json.loads(body)["error"]
+    server.stop()  # SIGTERM to the group: the guard waits for tritonserver, then exits with it
+    guards[0].wait(timeout=10)
+    assert not port_in_use(port)
