@@ -9,13 +9,14 @@
 # (both paths can be given for tests/test_serve_http_guard.py, which runs this script on the host)
 binary=${TRITONSERVER_CPU_BINARY:-/opt/tritonserver/libexec/tritonserver}
 guard=${TRITON_FORGE_HOME:-/opt/triton-forge}/tools/serve/http_guard.py
-max_input="" http_port=8000 http_address=0.0.0.0
+max_input="" http_port=8000 http_address=0.0.0.0 metrics_address=""
 for arg in "$@"; do
     shift
     case "$arg" in
         --http-max-input-size=*) max_input="${arg#*=}"; continue ;;
         --http-port=*) http_port="${arg#*=}"; continue ;;
         --http-address=*) http_address="${arg#*=}"; continue ;;
+        --metrics-address=*) metrics_address="${arg#*=}"; continue ;;
     esac
     set -- "$@" "$arg"
 done
@@ -26,8 +27,11 @@ if [ -n "$max_input" ]; then
     python3 "$guard" --listen-address "$http_address" \
         --listen-port "$http_port" --upstream-port "$inner" --max-body-bytes "$max_input" \
         --max-buffered-bytes $((4 * max_input)) --watch-pid $$ &
-    set -- "$@" --http-address=127.0.0.1 --http-port="$inner"
+    # the metrics port follows --http-address unless given: keep it where it was
+    set -- "$@" --http-address=127.0.0.1 --http-port="$inner" \
+        --metrics-address="${metrics_address:-$http_address}"
 else
-    set -- "$@" --http-address="$http_address" --http-port="$http_port"
+    set -- "$@" --http-address="$http_address" --http-port="$http_port" \
+        ${metrics_address:+--metrics-address="$metrics_address"}
 fi
 exec "$binary" "$@"

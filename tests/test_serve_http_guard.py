@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -239,3 +240,33 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
     server.stop()  # SIGTERM to the group: the guard waits for tritonserver, then exits with it
     guards[0].wait(timeout=10)
     assert not port_in_use(port)
+
+
+@pytest.mark.parametrize("flags, metrics", [
+    (["--http-port=8000", "--metrics-port=8002"], "0.0.0.0"),  # compose: every address default
+    (["--http-port=8000", "--metrics-address=10.0.0.5"], "10.0.0.5"),
+])
+def test_the_wrapper_moves_only_http_behind_the_guard(tmp_path, flags, metrics):
+    """The compose command through docker/tritonserver-cpu.sh, with stand-ins that record their
+    arguments: tritonserver's HTTP goes to 127.0.0.1:18000, its metrics stay reachable (they follow
+    --http-address unless given), and the guard takes the HTTP address and port."""
+    root = Path(__file__).resolve().parents[1]
+    record = tmp_path / "record"
+    fake = tmp_path / "tritonserver"
+    fake.write_text(f'#!/bin/sh\nsleep 0.5\necho "$@" > {record}.server\n')
+    fake.chmod(0o755)
+    guard = tmp_path / "tools" / "serve" / "http_guard.py"
+    guard.parent.mkdir(parents=True)
+    guard.write_text(f"import sys\nopen({str(record)!r} + '.guard', 'w').write(' '.join(sys.argv[1:]))\n")
+    env = {**os.environ, "TRITONSERVER_CPU_BINARY": str(fake), "TRITON_FORGE_HOME": str(tmp_path)}
+    subprocess.run(["sh", str(root / "docker" / "tritonserver-cpu.sh"), "--model-repository=/m",
+                    *flags, "--http-max-input-size=16777216"], env=env, check=True, timeout=30)
+    deadline = time.monotonic() + 10  # the guard runs in the background
+    while not (tmp_path / "record.guard").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server = (tmp_path / "record.server").read_text().split()
+    guard_args = (tmp_path / "record.guard").read_text().split()
+    assert server[:1] == ["--model-repository=/m"] and "--http-max-input-size=16777216" not in server
+    assert {"--http-address=127.0.0.1", "--http-port=18000", f"--metrics-address={metrics}"} <= set(server)
+    assert " ".join(guard_args).startswith(
+        "--listen-address 0.0.0.0 --listen-port 8000 --upstream-port 18000 --max-body-bytes 16777216")
