@@ -275,6 +275,7 @@ class _UpstreamLost(Exception):
 
 
 def _alive(pid: int) -> bool:
+    # not tools.process.is_alive: this file runs alone (standard library only) in the CPU image
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
