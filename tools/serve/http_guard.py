@@ -138,10 +138,7 @@ class HttpGuard:
                                                   self.limits.read_timeout_s)
                 except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
                     return  # the client closed, or kept an idle connection too long
-                try:
-                    if len(head) > MAX_HEAD_BYTES:
-                        raise Refusal(431, "Request Header Fields Too Large",
-                                      f"request headers over {MAX_HEAD_BYTES} bytes", close=True)
+                try:  # headers over MAX_HEAD_BYTES: readuntil raised LimitOverrunError (431)
                     method, target, headers = _headers(head)
                     body = await self._body(reader, writer, headers, target)
                     if upstream is None:
