@@ -138,6 +138,8 @@ def split_block(graph, block: FeedForward, outliers: np.ndarray) -> None:
     was used."""
     from onnx import helper, numpy_helper
 
+    if any(out.name == block.down.output[0] for out in graph.output):  # before any rewrite
+        raise SystemExit(f"the output of {block.down.name!r} is a graph output")
     inits = {i.name: i for i in graph.initializer}
     keep = np.setdiff1d(np.arange(block.hidden), outliers)
     suffix = OUTLIER_SUFFIX
@@ -174,9 +176,6 @@ def split_block(graph, block: FeedForward, outliers: np.ndarray) -> None:
             for i, name in enumerate(node.input):
                 if name == main_out:
                     node.input[i] = total
-    for out in graph.output:
-        if out.name == main_out:
-            raise SystemExit(f"the output of {block.down.name!r} is a graph output")
     nodes = list(graph.node)
     at = next(i for i, n in enumerate(nodes) if n.name == block.down.name) + 1
     del graph.node[:]
@@ -233,8 +232,9 @@ def main() -> None:
     gate = model.cpu.quality
     tokenizer = resolve_file(gate.tokenizer, spec.root, "")
     held_texts = quality.read_texts(resolve_file(gate.texts, spec.root, ""))
+    in_quality_set = set(held_texts)
     calibration_texts = [t for t in quality.read_texts(resolve_file(
-        model.cpu.calibration_texts, spec.root, "")) if t not in set(held_texts)]
+        model.cpu.calibration_texts, spec.root, "")) if t not in in_quality_set]
     held = quality.tokenize(held_texts, tokenizer, gate.max_length)
     calibration = quality.tokenize(calibration_texts, tokenizer, gate.max_length)
     folder = args.repository / args.model / "1"
