@@ -474,3 +474,22 @@ def test_a_plan_runner_dropped_without_close_frees_its_device_memory(tmp_path):
     del runner
     gc.collect()
     assert sorted(cudart.freed) == sorted(cudart.memory) and "cudaStreamDestroy" in cudart.calls
+
+
+@pytest.mark.parametrize("argv, env, allowed", [
+    ([], {}, False),
+    (["--allow-missing-gpu"], {}, True),
+    ([], {"TRITON_FORGE_ALLOW_MISSING_GPU": "1"}, True),  # compose/Kubernetes dev mode, no new argument
+    ([], {"TRITON_FORGE_ALLOW_MISSING_GPU": ""}, False),
+])
+def test_build_repo_passes_allow_missing_gpu_from_the_flag_or_the_environment(monkeypatch, argv, env, allowed):
+    from click.testing import CliRunner
+
+    from tools.build_repo import command
+
+    seen = {}
+    monkeypatch.setattr(command, "build_repository", lambda *a, **k: seen.update(k))
+    monkeypatch.delenv("TRITON_FORGE_ALLOW_MISSING_GPU", raising=False)
+    result = CliRunner().invoke(command.build_repo, ["--target", "gpu", *argv], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen == {"allow_missing_gpu": allowed}
