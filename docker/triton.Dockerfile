@@ -37,13 +37,20 @@ COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
 RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu \
         -c /tmp/constraints-cpu.txt torch \
  && python3 -m pip install -c /tmp/constraints-cpu.txt -e ".[load]"
-# The tensorrt Python module must be the TensorRT of this image: take the version from the
-# image's own libnvinfer (the probe the serving guard uses) and the CUDA major from the NGC
-# image's CUDA_VERSION. cuda-python of the same CUDA major gives the plan's parity check its
-# device memory and stream (torch here is the CPU build).
-RUN TRT="$(python3 -c 'from tools.serve.trt_guard import detect_runtime; print(detect_runtime().tensorrt_version or "")')" \
- && test -n "$TRT" \
- && echo "installing tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.* and cuda-python ${CUDA_VERSION%%.*} to match this image" \
- && python3 -m pip install "tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.*" "cuda-python==${CUDA_VERSION%%.*}.*"
-ENTRYPOINT []
+# TensorRT's Python module over this image's own libnvinfer, so a plan is built by the library
+# tritonserver loads it with: only the bindings wheel of the image's TensorRT version and CUDA
+# major (`tensorrt-cu13-bindings==10.13.2.*` on 25.08; no dependencies, no second TensorRT), and
+# cuda-python of that CUDA major for the parity check's device memory (torch here is CPU-only).
+# The full tensorrt-cu13 wheels before the .post1 rebuilds of November 2025 depend on
+# nvidia-cuda-runtime-cu13, a stub that refuses to install. The requirements come from the
+# serving guard's probe (tests/test_gpu_pins.py runs these lines against recorded PyPI metadata).
+RUN python3 -m tools.serve.trt_guard --builder-requirements > /tmp/requirements-tensorrt.txt \
+ && echo "installing, to match this image: $(tr '\n' ' ' < /tmp/requirements-tensorrt.txt)" \
+ && python3 -m pip install -c /tmp/constraints-cpu.txt -r /tmp/requirements-tensorrt.txt \
+ && python3 -m tools.serve.trt_guard --check-module \
+ && rm /tmp/requirements-tensorrt.txt
+# NGC's entrypoint sets up CUDA forward compatibility (older data-center drivers) before the
+# command runs, as for the triton service; images without it (the CPU test images) run the
+# command directly. NVIDIA_ENTRYPOINT only moves it for tests.
+ENTRYPOINT ["/bin/sh", "-c", "nv=\"${NVIDIA_ENTRYPOINT:-/opt/nvidia/nvidia_entrypoint.sh}\"; if [ -x \"$nv\" ]; then exec \"$nv\" \"$@\"; fi; exec \"$@\"", "builder-entrypoint"]
 CMD ["tools", "--help"]

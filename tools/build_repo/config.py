@@ -301,16 +301,12 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
         )
     optimization = None
     if model.gpu.onnxruntime_tensorrt_accelerator:
+        from tools.build_repo.onnx2trt import ort_tensorrt_parameters
+
         optimization = {
             "execution_accelerators": {
                 "gpu_execution_accelerator": [
-                    {
-                        "name": "tensorrt",
-                        "parameters": {
-                            "precision_mode": model.gpu.precision.upper(),
-                            "max_workspace_size_bytes": str(model.gpu.workspace_mb << 20),
-                        },
-                    }
+                    {"name": "tensorrt", "parameters": ort_tensorrt_parameters(model)}
                 ]
             }
         }

@@ -43,6 +43,7 @@ def build_repository(
     progress: bool = True,
     *,
     raise_on_failure: bool = True,
+    allow_missing_gpu: bool = False,
 ) -> BuildResult:
     """Build the model repository described by the spec.
 
@@ -55,6 +56,8 @@ def build_repository(
         progress: draw the live progress display (the summary is printed regardless).
         raise_on_failure: raise the error that stopped the build (default); with False, return
             the result with ``error`` set instead, so callers can read every model's status.
+        allow_missing_gpu: on the gpu target without a visible GPU, build anyway and record each
+            TensorRT stage as skipped (by default that is a ``BuildError`` naming the models).
 
     Returns:
         ``BuildResult`` with each model's status, timings and parity figures: ``skipped``
@@ -84,6 +87,10 @@ def build_repository(
         if name not in names:
             raise UserInputError(f"--only {name}: not in {spec.path} (have {names})")
     selected = [n for n in names if not only or n in only]
+    if target == "gpu" and not allow_missing_gpu:
+        from tools.build_repo.onnx2trt import require_gpu
+
+        require_gpu(spec, selected)
 
     with locked(output):
         restored = recover_interrupted(output)
