@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tools.build_repo import onnx2trt
-from tools.build_repo.manifest import TensorRTRecord
+from tools.manifest import TensorRTRecord
 from tools.build_repo.results import StageStatus
 from tools.build_repo.spec import load_spec
 from tools.errors import TensorRTError

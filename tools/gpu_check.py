@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"({args.iterations} runs, host<->device copies included)")
     for column in ("engine", "batch", "p50 ms", "p99 ms", "sequences/s"):
         timing.add_column(column)
-    axes = {a.name: args.sequence for a in spec.axes}
+    axes = dict.fromkeys(spec.axes, args.sequence)
     for batch in (int(b) for b in args.batches.split(",")):
         feed = {k: v.numpy() for k, v in sample_fn(batch, axes).items()}
         for engine, run in runners.items():

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tools.build_repo.manifest import TensorRTRecord
+from tools.manifest import TensorRTRecord
 from tools.build_repo.parity import Runner
 from tools.build_repo.results import StageStatus
 from tools.build_repo.spec import ModelSpec
@@ -63,7 +63,7 @@ def optimization_profile(spec: ModelSpec) -> Profile:
         TensorRTError: an input uses an axis the spec does not declare.
     """
     batch_opt = max(1, spec.max_batch_size // 2)
-    declared = {a.name: a for a in spec.axes}
+    declared = spec.axes
     profile: Profile = {}
     for t in spec.inputs:
         lo, opt, hi = [1], [batch_opt], [spec.max_batch_size]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.build_repo.manifest import MANIFEST_NAME, Manifest, ManifestError
+from tools.manifest import MANIFEST_NAME, Manifest, ManifestError
 from tools.errors import TensorRTError
 
 # Plans come only from the gpu target, which docker-compose.gpu.yml builds into the folder its

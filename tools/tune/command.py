@@ -218,7 +218,7 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
             if spec.path.read_text(encoding="utf-8") != spec_text:
                 raise UserInputError(f"{spec.path} changed during tuning; apply {patch_path} by "
                                      f"hand (git apply)")
-            from tools.build_repo.manifest import write_atomically
+            from tools.files import write_atomically
 
             write_atomically(spec.path, patched)
             click.echo(f"applied to {spec.path}")

@@ -19,7 +19,7 @@ from typing import Any
 
 from tools.bench.served import measure_served
 from tools.build_repo.builders import builder_for
-from tools.build_repo.manifest import MANIFEST_NAME, load_manifest
+from tools.manifest import MANIFEST_NAME, load_manifest
 from tools.build_repo.pipeline import build_repository
 from tools.build_repo.results import BuildResult, ModelKind, ModelStatus
 from tools.build_repo.spec import ModelSpec, RepoSpec
