@@ -34,7 +34,7 @@ from tools.tune.results import (
 )
 from tools.tune.search import MIN_GAIN
 from tools.tune.servers import COMPOSE_ADMIN_HEADER, EmbeddedTarget, RemoteTarget
-from tools.tune.spec_text import apply_settings, unified_patch
+from tools.tune.spec_patch import apply_settings, unified_patch
 from tools.tune.trial import LoadPlan, check_baseline
 from tools.tune.tuner import Session, TrialRunnerImpl, check_budget, no_trial_met, run_search
 

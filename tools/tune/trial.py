@@ -27,7 +27,7 @@ from tools.errors import BuildError, UserInputError
 from tools.loadtest import triton_stats
 from tools.tune.knobs import ModelKnobs, Settings
 from tools.tune.search import Score
-from tools.tune.spec_text import apply_settings
+from tools.tune.spec_patch import apply_settings
 
 # Stop climbing the concurrency ladder when a step gains less than this: the server is saturated.
 SATURATION_GAIN = 0.05
