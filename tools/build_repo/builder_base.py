@@ -32,6 +32,7 @@ class Stages:
 
     def run(self, stage: Stage, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one stage, timing it (also when it fails)."""
+        stage = Stage(stage)  # a name that is no stage fails here, before the stage runs
         done = [f"{k} {v:.1f}s" for k, v in self.result.timings.items()]
         self.progress.stage(self.result.name, stage, done)
         start = time.perf_counter()

@@ -212,7 +212,7 @@ class PytorchBuilder(SpecEntryBuilder):
             gate = model.cpu.quality
             where = f"{self.where}field 'cpu.quality': "
             report = stages.run(
-                "quality", quality.check_embedding_quality, model, gate,
+                Stage.QUALITY, quality.check_embedding_quality, model, gate,
                 quality.read_texts(resolve_file(gate.texts, spec.root, where)),
                 resolve_file(gate.tokenizer, spec.root, where),
                 fp32_runner,
@@ -250,7 +250,7 @@ class PytorchBuilder(SpecEntryBuilder):
             calibration = [t for t in texts if t not in in_quality_set]
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
             quantized = stages.run(
-                "quantize", onnx2ov_int8.quantize_openvino, onnx_path, served, model,
+                Stage.QUANTIZE, onnx2ov_int8.quantize_openvino, onnx_path, served, model,
                 quality.tokenize(calibration, tokenizer_file, gate.max_length),
             )
             write_reproduce_script(served, spec.path, output, model.name, self.target,
