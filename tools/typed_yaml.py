@@ -22,6 +22,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.resolver import VersionedResolver
+from ruamel.yaml.scalarbool import ScalarBoolean
 
 from pydantic import (
     AfterValidator,
@@ -105,9 +106,6 @@ def non_empty(items: tuple[T, ...]) -> tuple[T, ...]:
     return items
 
 
-# --------------------------------------------------------------------------- problems
-
-
 # --------------------------------------------------------------------------- reading
 
 
@@ -143,6 +141,8 @@ def _plain(value: Any) -> Any:
         return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
+    if isinstance(value, ScalarBoolean):  # an anchored boolean: an int subclass
+        return bool(value)
     for kind in (bool, str, int, float):  # bool before int; ruamel's scalars subclass these
         if isinstance(value, kind):
             return kind(value)
@@ -210,6 +210,9 @@ def _collection(node: Any) -> bool:
 def read_yaml(path: Path) -> YamlDocument:
     """Read and parse a YAML file (``OSError`` and ``YamlSyntaxError`` are the caller's to word)."""
     return YamlDocument(Path(path).read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- problems
 
 
 @dataclasses.dataclass(frozen=True)

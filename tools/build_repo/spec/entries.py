@@ -6,12 +6,11 @@ properties, so a field is declared once.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, TypeAdapter, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from tools.build_repo.spec.settings import (
@@ -387,7 +386,6 @@ Entry = ModelSpec | PythonModelSpec | PipelineSpec
 
 def spec_hash(entry: Entry, target: str) -> str:
     """A stable hash of one model's or pipeline's spec (defaults included) for one target."""
-    payload = json.dumps(
-        {"target": target, "spec": dataclasses.asdict(entry)}, sort_keys=True, default=str
-    )
+    fields = TypeAdapter(type(entry)).dump_python(entry, mode="json")
+    payload = json.dumps({"target": target, "spec": fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
