@@ -45,7 +45,7 @@ def cnn_factory(tmp_path, monkeypatch) -> str:
 
 
 def _spec_and_labels(tmp_path: Path, count: int) -> tuple[Path, Path]:
-    from tools.add.spec_text import PROJECT_BACKENDS
+    from tools.add.spec_file import PROJECT_BACKENDS
 
     spec = tmp_path / "repository.yaml"
     spec.write_text(f"target: cpu\nbackends: {PROJECT_BACKENDS}\n")

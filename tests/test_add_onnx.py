@@ -30,7 +30,7 @@ def _export_mlp(path: Path, dynamic_batch: bool) -> Path:
 
 
 def _spec(tmp_path: Path) -> Path:
-    from tools.add.spec_text import PROJECT_BACKENDS
+    from tools.add.spec_file import PROJECT_BACKENDS
 
     spec = tmp_path / "repository.yaml"
     spec.write_text(SPEC_HEAD + f"backends: {PROJECT_BACKENDS}\n")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tools import process
-from tools.build_repo.manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRTRecord
+from tools.manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRTRecord
 from tools.serve.server import EmbeddedServer, free_ports, resolve_binary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -119,6 +119,9 @@ def test_docs_example_factory_defines_the_contract_functions():
     }
 
 
+_POSITION = re.compile(r"(?<=\.yaml):\d+:\d+:")
+
+
 def _broken(tmp_path: Path, *changes: tuple[str, str]) -> str:
     text = (REPO_ROOT / "repository.yaml").read_text()
     for old, new in changes:
@@ -145,4 +148,7 @@ def _broken(tmp_path: Path, *changes: tuple[str, str]) -> str:
 )
 def test_docs_error_messages_are_what_the_parser_says(tmp_path, changes):
     message = _broken(tmp_path, *changes)
-    assert f"Error: {message}\n" in _doc(), f"{DOC}: error example is stale: {message}"
+    # Every line names the line and column; the docs' numbers may lag edits of repository.yaml.
+    assert all(_POSITION.search(line) for line in message.splitlines()), message
+    assert f"Error: {_POSITION.sub(':L:C:', message)}\n" in _POSITION.sub(":L:C:", _doc()), (
+        f"{DOC}: error example is stale: {message}")

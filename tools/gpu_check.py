@@ -334,7 +334,7 @@ def torch_cuda_parity(spec: Any, model_spec: Any) -> dict[str, Any]:
     import torch
 
     from tools.build_repo.onnx2trt import parity_tolerance
-    from tools.models.recipes import model_callables
+    from tools.build_repo.model_source import model_callables
 
     factory, sample_fn = model_callables(spec.root, model_spec, f"{spec.path}: model {model_spec.name!r}: ")
     model = factory().eval()
@@ -566,7 +566,7 @@ def timing_rows(engine: str, model: str, batch: int, timings: list[Any]) -> dict
 
 
 def _sample_feed(model_spec: Any, sample_fn: Callable, batch: int, length: int | None) -> dict[str, Any]:
-    axes = {a.name: min(max(length or a.opt, a.min), a.max) for a in model_spec.axes}
+    axes = {name: min(max(length or a.opt, a.min), a.max) for name, a in model_spec.axes.items()}
     sample = sample_fn(batch, axes)
     return {t.name: sample[t.name].numpy().astype(t.numpy_dtype) for t in model_spec.inputs}
 
@@ -582,7 +582,7 @@ def run_full(args: argparse.Namespace) -> int:
         from tools.build_repo.config import ONNX_FILE
         from tools.build_repo.parity import check_parity
         from tools.build_repo.pipeline import build_repository
-        from tools.models.recipes import model_callables
+        from tools.build_repo.model_source import model_callables
 
         ort = onnxruntime_cuda()
         entry["onnxruntime"] = {"version": ort.__version__, "providers": ort.get_available_providers()}

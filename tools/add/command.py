@@ -11,7 +11,7 @@ import click
 
 from tools.command import ToolCommand
 from tools.add import recipes
-from tools.add.spec_text import write_spec
+from tools.add.spec_file import write_spec
 from tools.build_repo.spec import load_spec
 from tools.errors import UserInputError
 

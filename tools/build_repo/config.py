@@ -229,7 +229,7 @@ def warmup_file_name(input_name: str, batch_size: int) -> str:
 def _model_warmups(model: ModelSpec) -> tuple[Warmup, ...]:
     if model.warmup is None:
         return ()
-    axes = dict(model.warmup.axes)
+    axes = model.warmup_lengths
     warmups = []
     for batch in model.warmup.batch_sizes:
         inputs = tuple(
@@ -340,8 +340,9 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
                 f"batch_{w.batch_size}",
                 w.batch_size,
                 tuple(
-                    (name, WarmupInput("TYPE_STRING", dims_of[name], warmup_file_name(name, w.batch_size)))
-                    for name, _ in w.inputs
+                    (t.name, WarmupInput("TYPE_STRING", dims_of[t.name],
+                                         warmup_file_name(t.name, w.batch_size)))
+                    for t in model.inputs
                 ),
                 w.count,
             )

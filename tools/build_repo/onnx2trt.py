@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tools.build_repo.manifest import TensorRTRecord
+from tools.manifest import TensorRTRecord
 from tools.build_repo.parity import Runner
 from tools.build_repo.results import StageStatus
 from tools.build_repo.spec import ModelSpec, OnnxModelSpec, RepoSpec
@@ -71,7 +71,7 @@ def optimization_profile(spec: ModelSpec) -> Profile:
     Raises:
         TensorRTError: an input uses an axis the spec does not declare.
     """
-    declared = {a.name: a for a in spec.axes}
+    declared = spec.axes
     profile: Profile = {}
     for t in spec.inputs:
         lo, opt, hi = [1], [spec.max_batch_size], [spec.max_batch_size]

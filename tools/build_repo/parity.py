@@ -38,7 +38,7 @@ class ParityFigure:
 
 def parity_cases(spec: ModelSpec) -> list[tuple[int, dict[str, int]]]:
     """``(batch, {axis: length})`` for every batch size times every combination of lengths."""
-    lengths = [[(a.name, n) for n in a.parity] for a in spec.axes]
+    lengths = [[(name, n) for n in a.lengths] for name, a in spec.axes.items()]
     return [
         (batch, dict(combo))
         for batch in spec.parity_batches

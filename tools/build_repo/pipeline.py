@@ -13,7 +13,8 @@ from pathlib import Path
 from tools.build_repo import config as cfg
 from tools.build_repo.builders import Stages, builder_for
 from tools.build_repo.ensemble import render_all
-from tools.build_repo.manifest import (
+from tools.files import write_atomically
+from tools.manifest import (
     MANIFEST_NAME,
     Manifest,
     ModelEntry,
@@ -21,7 +22,6 @@ from tools.build_repo.manifest import (
     artifacts_present,
     load_manifest,
     tool_versions,
-    write_atomically,
 )
 from tools.build_repo.progress import BuildProgress
 from tools.build_repo.repository import VERSION, Staging, locked, recover_interrupted
@@ -185,7 +185,7 @@ class _Build:
             self.staging = self.staging or Staging(self.output)
             stage_dir = self.staging.model_dir(name)
             stages = Stages(result, self.reporter)
-            entry = ModelEntry(kind=builder.kind.value, target=self.target)
+            entry = ModelEntry(kind=builder.kind, target=self.target)
             reuse = None if self.force else builder.reusable_export(model_dir, previous, plan)
             built_at = _now()
             if reuse is not None:
@@ -198,7 +198,7 @@ class _Build:
             entry.spec_hash = plan.inputs["spec"]
             entry.inputs = {k: v for k, v in plan.inputs.items() if k != "config"}
             entry.tools = tool_versions()
-            entry.stages = stages.manifest_form()
+            entry.stages = dict(stages.records)
             entry.artifacts = artifacts_of(stage_dir)
             entry.weights_stat = plan.weights_stat
             entry.built_at = built_at

@@ -25,7 +25,7 @@ def trace_sample(spec: ModelSpec, sample_fn) -> dict:
 
     Batch 2, not 1, so that the exporter cannot specialise the batch axis to a constant.
     """
-    return sample_fn(min(2, spec.max_batch_size), {a.name: a.opt for a in spec.axes})
+    return sample_fn(min(2, spec.max_batch_size), {name: a.opt for name, a in spec.axes.items()})
 
 
 def export_onnx(model: object, sample: dict, spec: ModelSpec, path: Path) -> Path:

@@ -72,7 +72,7 @@ def _tensor_bytes(t: TensorSpec, batch: int, axes: dict[str, int], *, is_input: 
 
 def shm_region_mib(model: ModelSpec | PythonModelSpec) -> int:
     """One Python-backend instance's region at its worst: a full batch in and out."""
-    axes = {a.name: a.max for a in getattr(model, "axes", ())}
+    axes = {name: a.max for name, a in getattr(model, "axes", {}).items()}
     total = sum(_tensor_bytes(t, model.max_batch_size, axes, is_input=True) for t in model.inputs)
     total += sum(
         _tensor_bytes(t, model.max_batch_size, axes, is_input=False) for t in model.outputs

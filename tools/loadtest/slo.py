@@ -10,7 +10,6 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from pydantic import Field, TypeAdapter, model_validator
 
 from tools import paths
@@ -21,8 +20,10 @@ from tools.typed_yaml import (
     Omittable,
     PositiveInt,
     Problem,
+    YamlSyntaxError,
     dotted,
     fail,
+    read_yaml,
     strict,
     validate,
 )
@@ -125,11 +126,12 @@ class ScenarioSLO:
 
 
 def problem_line(path: Path, problem: Problem) -> str:
-    """``<file>: <field path> <problem>``, or ``<file>: <mapping>: missing <key>``."""
+    """``<file>:<line>:<column>: <field path> <problem>``, or ``...: <mapping>: missing <key>``."""
+    at = problem.where(path)
     if problem.kind == "missing":
-        return f"{path}: {dotted(problem.loc[:-1]) or '(top level)'}: missing {problem.loc[-1]}"
+        return f"{at} {dotted(problem.loc[:-1]) or '(top level)'}: missing {problem.loc[-1]}"
     where = dotted(problem.loc)
-    return f"{path}: {where} {problem.text}" if where else f"{path}: {problem.text}"
+    return f"{at} {where} {problem.text}" if where else f"{at} {problem.text}"
 
 
 def load_slo(path: Path, profile: str, scenario: str) -> ScenarioSLO:
@@ -145,13 +147,13 @@ def load_slo(path: Path, profile: str, scenario: str) -> ScenarioSLO:
             each, naming the file and the field), or lacks the profile or scenario.
     """
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        document = read_yaml(Path(path))
     except OSError as exc:
         raise UserInputError(f"SLO file {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
+    except YamlSyntaxError as exc:
         raise UserInputError(f"SLO file {path} is not valid YAML: {exc}") from exc
     try:
-        file = validate(SLO_YAML, data)
+        file = validate(SLO_YAML, document.data, document)
     except InvalidFile as exc:
         raise UserInputError("\n".join(problem_line(path, p) for p in exc.problems)) from None
     if profile not in file.profiles:

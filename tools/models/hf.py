@@ -9,11 +9,11 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Mapping
+from typing import Protocol
 
 import torch
 from torch import nn
 
-from tools.build_repo.spec import RecipeSpec
 from tools.models.hf_folder import HfFolder
 from tools.models.minilm import tokenized_samples
 
@@ -61,7 +61,15 @@ class SequenceClassifier(nn.Module):
         return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
 
 
-def build_model(folder: HfFolder, recipe: RecipeSpec) -> nn.Module:
+class Recipe(Protocol):
+    """What this module reads of a spec entry's ``recipe``."""
+
+    kind: str  # hf-text-embedding | hf-sequence-classification
+    pooling: str  # mean | cls
+    normalize: bool
+
+
+def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
     """Load the folder's model offline, wrapped for the recipe, in eval mode.
 
     Eager attention exports to plain MatMul/Softmax ops that every ONNX runtime handles.

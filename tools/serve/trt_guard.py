@@ -2,7 +2,7 @@
 
 Runs before tritonserver starts (docker/triton-entrypoint.sh): compares each plan's build record
 in the manifest with the TensorRT library and the GPUs of the running environment. Standard
-library only (it reads the manifest through ``tools.build_repo.manifest``, also standard library
+library only (it reads the manifest through ``tools.manifest``, also standard library
 only), because it runs inside the NGC image where this project is not installed.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.build_repo.manifest import MANIFEST_NAME, Manifest, ManifestError
+from tools.manifest import MANIFEST_NAME, Manifest, ManifestError
 from tools.errors import TensorRTError
 
 # Plans come only from the gpu target, which docker-compose.gpu.yml builds into the folder its

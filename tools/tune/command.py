@@ -9,10 +9,9 @@ import platform
 from pathlib import Path
 
 import click
-import yaml
 
 from tools import paths
-from tools.build_repo.spec import ModelSpec, load_spec, parse_spec
+from tools.build_repo.spec import ModelSpec, load_spec, parse_spec_text
 from tools.command import ToolCommand
 from tools.errors import SpecError, UserInputError
 from tools.loadtest.slo import load_slo
@@ -34,7 +33,7 @@ from tools.tune.results import (
 )
 from tools.tune.search import MIN_GAIN
 from tools.tune.servers import COMPOSE_ADMIN_HEADER, EmbeddedTarget, RemoteTarget
-from tools.tune.spec_text import apply_settings, unified_patch
+from tools.tune.spec_patch import apply_settings, unified_patch
 from tools.tune.trial import LoadPlan, check_baseline
 from tools.tune.tuner import Session, TrialRunnerImpl, check_budget, no_trial_met, run_search
 
@@ -132,7 +131,7 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
     spec_text = spec.path.read_text(encoding="utf-8")
     if start != spec_settings:  # the start must be a valid spec too (preferred <= max batch, ...)
         try:
-            parse_spec(yaml.safe_load(apply_settings(spec_text, start, spec_settings)), spec.path)
+            parse_spec_text(apply_settings(spec_text, start, spec_settings), spec.path)
         except SpecError as exc:
             raise UserInputError(f"--start {' '.join(overrides)}: {exc}") from exc
     space = KnobSpace(spec.cpu_cores, {m.name: m.max_batch_size for m in models}, start)
@@ -218,7 +217,7 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
             if spec.path.read_text(encoding="utf-8") != spec_text:
                 raise UserInputError(f"{spec.path} changed during tuning; apply {patch_path} by "
                                      f"hand (git apply)")
-            from tools.build_repo.manifest import write_atomically
+            from tools.files import write_atomically
 
             write_atomically(spec.path, patched)
             click.echo(f"applied to {spec.path}")

@@ -1,7 +1,7 @@
 """The knobs of a pipeline's models, their ladders of values, and the cores constraint.
 
 ``Settings`` (model -> ``ModelKnobs``) is what a trial changes; it is read from the spec, moved one
-step along one knob at a time by the search, and written back into the spec's YAML by ``spec_text``.
+step along one knob at a time by the search, and written back into the spec's YAML by ``spec_patch``.
 """
 
 from __future__ import annotations

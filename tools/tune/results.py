@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.build_repo.manifest import write_atomically
+from tools.files import write_atomically
 from tools.errors import UserInputError
 from tools.tune.knobs import Settings, settings_from_dict, settings_key, settings_to_dict
 from tools.tune.search import Score

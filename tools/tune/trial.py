@@ -19,7 +19,7 @@ from typing import Any
 
 from tools.bench.served import measure_served
 from tools.build_repo.builders import builder_for
-from tools.build_repo.manifest import MANIFEST_NAME, load_manifest
+from tools.manifest import MANIFEST_NAME, load_manifest
 from tools.build_repo.pipeline import build_repository
 from tools.build_repo.results import BuildResult, ModelKind, ModelStatus
 from tools.build_repo.spec import ModelSpec, RepoSpec
@@ -27,7 +27,7 @@ from tools.errors import BuildError, UserInputError
 from tools.loadtest import triton_stats
 from tools.tune.knobs import ModelKnobs, Settings
 from tools.tune.search import Score
-from tools.tune.spec_text import apply_settings
+from tools.tune.spec_patch import apply_settings
 
 # Stop climbing the concurrency ladder when a step gains less than this: the server is saturated.
 SATURATION_GAIN = 0.05

@@ -12,9 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tools.build_repo.spec import parse_spec
+from tools.build_repo.spec import parse_spec_text
 from tools.errors import BuildError, ServerError, ToolkitError, UserInputError
 from tools.tune.knobs import KnobSpace, ModelKnobs, Settings
 from tools.tune.results import Trial
@@ -221,7 +219,7 @@ class TrialRunnerImpl:
             shutil.rmtree(self.work, ignore_errors=True)  # left by a run that was killed
             self._snapshot = snapshot_baseline(self.baseline, self.work / "baseline", members)
         try:  # the build code may have changed since the run started: refuse, never export
-            spec = parse_spec(yaml.safe_load(self.spec_text), self.spec_path)
+            spec = parse_spec_text(self.spec_text, self.spec_path)
             check_baseline(spec, self._snapshot, members, self.target)
         except UserInputError as exc:
             raise BuildError(f"trial {trial_id} would export again, not repackage: {exc}") from exc

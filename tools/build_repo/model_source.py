@@ -1,7 +1,8 @@
-"""Recipe models (``recipe:`` in the spec): the factory, sample inputs and weight files of each kind.
+"""Where a PyTorch model comes from: a factory module (``source``), a recipe, or an ONNX file.
 
-The builder asks this module instead of importing a factory module; the recipe's own settings
-(folder, pooling, normalisation, factory) come from the spec entry.
+The builders ask this module for a model's callables, the references hashed into its build key
+and the files its weights are read from; the recipe's own settings (folder, pooling,
+normalisation, factory) come from the spec entry. ``tools/models/`` holds the factories.
 """
 
 from __future__ import annotations
@@ -11,11 +12,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools.build_repo.manifest import ModelEntry, sha256_file
 from tools.build_repo.spec import ModelSpec, resolve_reference
+from tools.files import sha256_file
+from tools.manifest import ModelEntry
 
 Factory = Callable[[], Any]
 SampleInputs = Callable[[int, dict[str, int]], dict]
+
+# The functions a recipe's model is built by (None: the recipe's `factory`); their modules are
+# hashed into the build key.
+RECIPE_FUNCTIONS: dict[str, tuple[str | None, str]] = {
+    "hf-text-embedding": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
+    "hf-sequence-classification": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
+    "image-classification": (None, "tools.models.vision:sample_inputs"),
+}
+
+
+def references(model: ModelSpec) -> tuple[str, str]:
+    """The ``build_model`` and ``sample_inputs`` references the model is built and sampled by.
+
+    A recipe's are its functions; an ONNX model's are its PyTorch reference (empty when it names
+    none).
+    """
+    recipe = model.recipe
+    if recipe is None:
+        return model.source or "", model.sample_inputs or ""
+    factory, sample = RECIPE_FUNCTIONS[recipe.kind]
+    return factory or recipe.factory or "", sample
 
 
 def folder_of(root: Path, model: ModelSpec) -> Path:
@@ -49,7 +72,8 @@ def model_callables(root: Path, model: ModelSpec, where: str = "") -> tuple[Fact
                 functools.partial(hf.sample_inputs, folder))
     from tools.models import vision
 
-    return resolve_reference(recipe.factory, where), functools.partial(vision.sample_inputs, model)
+    return (resolve_reference(recipe.factory, where),
+            functools.partial(vision.sample_inputs, model.inputs))
 
 
 def recipe_files(root: Path, model: ModelSpec) -> list[Path]:

@@ -1,5 +1,8 @@
 """tools tune's patch: knobs written into repository.yaml's text, comments and layout kept.
 
+The editing itself is ``tools/yaml_edit.py`` (tests/test_yaml_edit.py); these tests hold it to
+the knobs tune writes.
+
 Works on the project's own spec text and on small made-up ones; the result is read back and
 validated as a spec.
 """
@@ -15,7 +18,8 @@ import yaml
 
 from tools.build_repo.spec import parse_spec
 from tools.tune.knobs import ModelKnobs
-from tools.tune.spec_text import SpecEditError, apply_settings, read_back, unified_patch
+from tools.tune.spec_patch import apply_settings, read_back, unified_patch
+from tools.yaml_edit import YamlEditError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = REPO_ROOT / "repository.yaml"
@@ -90,12 +94,12 @@ def test_a_missing_nested_mapping_is_added_as_a_flow_mapping():
 def test_a_block_sequence_value_is_refused_with_where_it_is():
     text = ("models:\n  enc:\n    dynamic_batching:\n      preferred_batch_size:\n        - 4\n"
             "      max_queue_delay_microseconds: 100\n")
-    with pytest.raises(SpecEditError, match=r"model 'enc'\.dynamic_batching\.preferred_batch_size"):
+    with pytest.raises(YamlEditError, match=r"model 'enc'\.dynamic_batching\.preferred_batch_size"):
         apply_settings(text, {"enc": ModelKnobs(1, None, 100, (8,), None)})
 
 
 def test_a_model_missing_from_the_spec_is_named():
-    with pytest.raises(SpecEditError, match="'ghost'"):
+    with pytest.raises(YamlEditError, match="'ghost'"):
         apply_settings("models: {}\n", {"ghost": ModelKnobs(2, None, None)})
 
 

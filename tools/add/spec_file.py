@@ -1,61 +1,22 @@
-"""Append entries to the sections of a spec file as text, keeping the user's comments and layout.
+"""Write ``tools add``'s entries into a spec file, keeping the user's comments and layout.
 
-The new text is validated as a whole spec (``load_spec`` on a copy beside the file) before it
-atomically replaces the file, so any error leaves the spec as it was.
+The entries are appended as text (``tools/yaml_edit.py``); the new text is validated as a whole
+spec (``load_spec`` on a copy beside the file) before it atomically replaces the file, so any
+error leaves the spec as it was.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 
 from tools import paths
-from tools.build_repo.spec import RepoSpec, load_spec
+from tools.build_repo.spec import SECTIONS, RepoSpec, load_spec
 from tools.errors import SpecError, UserInputError
+from tools.yaml_edit import YamlEditError, append_entries
 
-SECTIONS = ("models", "python_models", "pipelines")
 PROJECT_BACKENDS = paths.BACKENDS
-
-
-def _section_line(lines: list[str], section: str) -> int | None:
-    pattern = re.compile(rf"^{section}:\s*(\{{\s*\}})?\s*(#.*)?$")
-    return next((i for i, line in enumerate(lines) if pattern.match(line)), None)
-
-
-def _section_end(lines: list[str], start: int) -> int:
-    """The index where a section's entries end: before the next top-level key and its comments."""
-    end = next((i for i in range(start + 1, len(lines))
-                if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#")),
-               len(lines))
-    while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
-        end -= 1
-    return end
-
-
-def append_entries(text: str, blocks: dict[str, list[str]]) -> str:
-    """``text`` with each block (indented entry text) appended at the end of its section.
-
-    A missing section is added at the end of the file; ``section: {}`` becomes a block section.
-    """
-    lines = text.splitlines()
-    for section in SECTIONS:
-        if not blocks.get(section):
-            continue
-        new = [line for block in blocks[section] for line in ["", *block.rstrip("\n").splitlines()]]
-        start = _section_line(lines, section)
-        if start is None:
-            while lines and not lines[-1].strip():
-                lines.pop()
-            lines += ["", f"{section}:", *new[1:]]
-            continue
-        lines[start] = re.sub(r"\{\s*\}", "", lines[start]).rstrip()
-        end = _section_end(lines, start)
-        if end == start + 1:
-            new = new[1:]  # the first entry of an empty section: no blank line after the key
-        lines[end:end] = new
-    return "\n".join(lines) + "\n"
 
 
 def new_spec_text(spec_path: Path) -> str:
@@ -92,7 +53,11 @@ def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) 
             raise UserInputError(
                 f"{spec_path}: already has {taken}; choose another --name or remove those entries"
             )
-    text = append_entries(old if old is not None else new_spec_text(spec_path), blocks)
+    try:
+        text = append_entries(old if old is not None else new_spec_text(spec_path),
+                              {s: blocks[s] for s in SECTIONS if s in blocks})
+    except YamlEditError as exc:
+        raise UserInputError(f"{spec_path}: {exc} (file unchanged)") from None
     handle, temp = tempfile.mkstemp(prefix=f".{spec_path.name}.", suffix=".add",
                                     dir=spec_path.parent)
     try:
