@@ -46,7 +46,7 @@ RUN --mount=type=bind,source=build/images/wheelhouse,target=/wheels \
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service. Keep these COPY lines the same as
 # triton.Dockerfile's serve stage (tests/test_compose_cpu.py checks it).
-COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py \
+COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
      /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/

@@ -16,7 +16,7 @@ COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
 RUN python3 -m pip install -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service.
-COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py \
+COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
      /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/

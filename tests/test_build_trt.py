@@ -7,6 +7,7 @@ build is the ``gpu``-marked test at the end.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np

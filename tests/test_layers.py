@@ -18,7 +18,8 @@ TOOLS = ROOT / "tools"
 # matching prefix decides (`tools.build_repo.spec` is below the rest of `tools.build_repo`).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("tools", "tools.errors", "tools.files", "tools.manifest", "tools.stats",
-                    "tools.paths", "tools.process", "tools.net", "tools.command")),
+                    "tools.paths", "tools.process", "tools.net", "tools.command",
+                    "tools.tensorrt_module")),
     ("typed files", ("tools.typed_yaml", "tools.yaml_edit", "tools.build_repo.spec")),
     ("models", ("tools.models",)),
     ("build", ("tools.build_repo",)),

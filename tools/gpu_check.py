@@ -315,10 +315,11 @@ def _figures_summary(figures: list[Any], atol: float, rtol: float) -> dict[str, 
 
 
 def _gpu_models(spec_path: Path, names: list[str] | None) -> tuple[Any, list[Any]]:
-    from tools.build_repo.spec import OnnxModelSpec, load_spec
+    from tools.build_repo.spec import load_spec
+    from tools.manifest import ModelKind
 
     spec = load_spec(spec_path).for_target("gpu")
-    models = [m for m in spec.models if not isinstance(m, OnnxModelSpec)]
+    models = [m for m in spec.models if m.kind is ModelKind.PYTORCH]
     if names:
         missing = sorted(set(names) - {m.name for m in models})
         if missing:

@@ -16,12 +16,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tools.manifest import TensorRTRecord
+from tools.manifest import ModelKind, TensorRTRecord
 from tools.build_repo.parity import Runner
 from tools.build_repo.results import StageStatus
-from tools.build_repo.spec import ModelSpec, OnnxModelSpec, RepoSpec
+from tools.build_repo.spec import ModelSpec, RepoSpec
 from tools.errors import BuildError, TensorRTError
-from tools.serve.trt_guard import import_tensorrt_module
+from tools.tensorrt_module import import_tensorrt_module
 
 Shape = tuple[int, ...]
 Profile = dict[str, tuple[Shape, Shape, Shape]]  # input -> (min, opt, max), batch axis first
@@ -266,7 +266,7 @@ def tensorrt_models(spec: RepoSpec, names: list[str]) -> list[str]:
     """Which of ``names`` the gpu target builds as TensorRT plans (exported models with
     ``gpu.backend: tensorrt``; a model given as an ONNX file is refused that backend elsewhere)."""
     return [m.name for m in spec.models if m.name in names and m.gpu.backend == "tensorrt"
-            and not isinstance(m, OnnxModelSpec)]
+            and m.kind is ModelKind.PYTORCH]
 
 
 def require_gpu(spec: RepoSpec, names: list[str], probe: Callable[[], GpuInfo] = probe_gpu) -> None:

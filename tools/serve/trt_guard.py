@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.manifest import MANIFEST_NAME, Manifest, ManifestError
+from tools.tensorrt_module import import_tensorrt_module
+from tools.manifest import MANIFEST_NAME, Manifest, ManifestError, Stage, StageStatus
 from tools.errors import TensorRTError
 
 # Plans come only from the gpu target, which docker-compose.gpu.yml builds into the folder its
@@ -171,11 +172,11 @@ def read_plan_records(repository: Path) -> list[PlanRecord]:
 def skipped_plan_reason(manifest: Manifest, model: str) -> str | None:
     """Why the build skipped ``model``'s plan, from its manifest entry; None if it did not."""
     entry = manifest.models.get(model)
-    stage = (entry.stages if entry is not None else {}).get("onnx2trt") or {}
-    if stage.get("status") != "skipped":
+    stage = entry.stages.get(Stage.ONNX2TRT) if entry is not None else None
+    if stage is None or stage.status is not StageStatus.SKIPPED:
         return None
     built = f", built {entry.built_at}" if entry.built_at else ""
-    return f"onnx2trt skipped: {stage.get('reason') or 'no reason recorded'}{built}"
+    return f"onnx2trt skipped: {stage.reason or 'no reason recorded'}{built}"
 
 
 # --- Triton's own words for a plan it cannot load ---------------------------------------------
@@ -240,28 +241,6 @@ def tensorrt_version_from_library(directories: Iterable[str]) -> tuple[str | Non
         if versions:
             return versions[0], os.path.join(directory, f"libnvinfer.so.{versions[0]}")
     return None, f"no libnvinfer.so.X.Y.Z in {', '.join(searched) or '(no folders)'}"
-
-
-# The TensorRT Python module: the `tensorrt` package of the full wheels, or `tensorrt_bindings`
-# alone (what the builder image installs, over the image's own libnvinfer).
-TENSORRT_MODULES = ("tensorrt", "tensorrt_bindings")
-
-
-def import_tensorrt_module() -> tuple[object | None, str]:
-    """The first importable module of ``TENSORRT_MODULES``, or None and what was tried."""
-    import importlib
-
-    failures = []  # import errors other than "not installed" (a missing libnvinfer, say)
-    for name in TENSORRT_MODULES:
-        try:
-            return importlib.import_module(name), name
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                failures.append(f"{name}: {exc}")
-        except ImportError as exc:
-            failures.append(f"{name}: {exc}")
-    detail = f": {'; '.join(failures)}" if failures else ""
-    return None, f"no TensorRT Python module ({' or '.join(TENSORRT_MODULES)}){detail}"
 
 
 def tensorrt_version_from_module() -> tuple[str | None, str]:
