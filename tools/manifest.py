@@ -28,7 +28,8 @@ TOOLS = ("torch", "onnx", "onnxruntime", "openvino", "tensorrt", "tritonclient")
 # TensorRT's wheels are `tensorrt` (a meta package) or `tensorrt-cu12` / `tensorrt-cu13`.
 _DISTRIBUTIONS = {
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
-    "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-cu12", "tensorrt_cu12"),
+    "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-cu12", "tensorrt_cu12",
+                 "tensorrt-cu13-bindings", "tensorrt-cu12-bindings"),  # the builder image: bindings only
 }
 
 
