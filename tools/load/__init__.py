@@ -1,0 +1,1 @@
+"""The load: requests derived from the spec (``scenario``) and the engine that sends them."""
