@@ -153,6 +153,12 @@ def apply_settings(text: str, settings: Mapping[str, ModelKnobs],
     return text
 
 
+def set_cpu_cores(text: str, cores: int) -> str:
+    """``text`` with the top-level ``cpu_cores`` set to ``cores`` (added when missing)."""
+    edit = _edit_for(text, yaml.compose(text), ("cpu_cores",), cores, "the spec")
+    return text[: edit.start] + edit.text + text[edit.end:]
+
+
 def read_back(text: str, model: str) -> dict[str, Any]:
     """The knob values ``text`` gives ``model`` (absent ones as None)."""
     data = yaml.safe_load(text) or {}
