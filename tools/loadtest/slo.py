@@ -277,16 +277,19 @@ class PlannedSLO:
         return self.line
 
 
+def _plain(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
 def new_entry() -> dict:
     """The SLO entry of a pipeline just added: a P99 and an error ratio per protocol."""
-    targets = {"p99_ms": NEW_P99_MS, "max_error_ratio": NEW_MAX_ERROR_RATIO}
-    return {"load": {"users": DEFAULT_LOAD.users, "duration_s": DEFAULT_LOAD.duration_s,
-                     "warmup_s": DEFAULT_LOAD.warmup_s},
+    targets = {"p99_ms": _plain(NEW_P99_MS), "max_error_ratio": NEW_MAX_ERROR_RATIO}
+    return {"load": {"users": DEFAULT_LOAD.users, "duration_s": _plain(DEFAULT_LOAD.duration_s),
+                     "warmup_s": _plain(DEFAULT_LOAD.warmup_s)},
             "http": dict(targets), "grpc": dict(targets)}
 
 
-_NEW_ENTRY_COMMENT = ("# written by tools add: a starting target; measure with tools loadtest, "
-                      "then set your own (and min_throughput_rps)")
+_NEW_ENTRY_COMMENT = "# tools add: a start; measure (tools loadtest), set yours, min_throughput_rps"
 
 
 def _entry_lines(name: str, entry: dict, indent: int) -> list[str]:
