@@ -141,6 +141,9 @@ def _on_init(environment, **_: Any) -> None:
     role = _role(environment)
     if role != "worker" and environment.parsed_options is not None:
         _check_scenarios(environment)
+    # The hub's clock was last read before the imports and the scenario build; Locust's -t timer
+    # is set from it right after init, so a stale clock would end the run seconds early.
+    gevent.get_hub().loop.update_now()
     if role == "master":
 
         def on_records(msg, **_kw: Any) -> None:

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import gevent
 import numpy as np
 from locust import User, task
-from tritonclient.utils import np_to_triton_dtype
 
 from loadtests import scenarios
-from tools.load.scenario import Request, Scenario
+from tools.load.request import Request, triton_dtype
+from tools.load.scenario import Scenario
 
 CLIENT_TIMEOUT_S = 60.0
 DEFAULT_MAX_INFLIGHT = 256
@@ -179,7 +179,7 @@ class TritonUser(User):
                 exception = ResponseError(problem)
         except Exception as exc:  # noqa: BLE001 - every failure is a recorded error
             exception = exc
-        self._fire(start, request.label, size, exception)
+        self._fire(start, self.scenario.labels[index], size, exception)
 
     def _fire(self, start: float, label: str, size: int, exception: BaseException | None) -> None:
         latency_ms = (time.perf_counter() - start) * 1000.0
@@ -218,7 +218,7 @@ class TritonHttpUser(TritonUser):
     def _build_inputs(self, request: Request) -> list[Any]:
         inputs = []
         for name, array in request.inputs.items():
-            item = self._mod.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            item = self._mod.InferInput(name, list(array.shape), triton_dtype(array))
             item.set_data_from_numpy(array, binary_data=True)
             inputs.append(item)
         return inputs
@@ -253,7 +253,7 @@ class TritonGrpcUser(TritonUser):
     def _build_inputs(self, request: Request) -> list[Any]:
         inputs = []
         for name, array in request.inputs.items():
-            item = self._mod.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            item = self._mod.InferInput(name, list(array.shape), triton_dtype(array))
             item.set_data_from_numpy(array)
             inputs.append(item)
         return inputs

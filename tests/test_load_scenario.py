@@ -118,7 +118,7 @@ def test_a_string_input_read_by_a_tokenizer_is_sent_as_the_shipped_texts(spec):
     assert [s.kind for s in scenario.sources] == [InputKind.TEXT]
     assert len(scenario.requests) == len(texts)
     first = scenario.requests[0]
-    assert (first.model, first.label, first.outputs) == ("search", "text-0", ("VECTOR",))
+    assert (first.model, scenario.labels[0], first.outputs) == ("search", "text-0", ("VECTOR",))
     assert first.inputs["QUERY"].shape == (1, 1)
     assert first.inputs["QUERY"][0, 0] == texts[0].encode("utf-8")
     assert "backend text_tokenizer of words" in scenario.describe()[0]
@@ -128,7 +128,7 @@ def test_a_string_input_read_by_an_image_step_is_sent_as_the_shipped_photos(spec
     scenario = build_scenario(spec, "photo_prep")
     images = load_images(paths.IMAGES_DIR)
     assert [s.kind for s in scenario.sources] == [InputKind.IMAGE]
-    assert [r.label for r in scenario.requests] == [name for name, _ in images]
+    assert list(scenario.labels) == [name for name, _ in images]
     assert scenario.requests[0].inputs["PICTURE"][0, 0] == images[0][1]
 
 
@@ -137,7 +137,7 @@ def test_two_text_inputs_are_sent_as_pairs_of_texts(spec):
     texts = load_texts(paths.TEXTS_FILE)
     assert [s.kind for s in scenario.sources] == [InputKind.TEXT, InputKind.TEXT]
     second = scenario.requests[1]
-    assert second.label == "pair-1"
+    assert scenario.labels[1] == "pair-1"
     assert (second.inputs["LEFT"][0, 0], second.inputs["RIGHT"][0, 0]) == (
         texts[1].encode(), texts[2].encode())
     assert "consecutive lines as pairs" in scenario.describe()[0]
@@ -197,10 +197,11 @@ def test_json_lines_become_one_request_each_with_the_batch_axis_added(spec, tmp_
     data = _lines(tmp_path, {"input_ids": [2, 5, 7], "attention_mask": [1, 1, 1]}, "",
                   {"input_ids": [[4, 4], [5, 5]], "attention_mask": [[1, 1], [1, 0]]})
     scenario = build_scenario(spec, "ids_enc", data)
-    assert [r.label for r in scenario.requests] == ["line-1", "line-3"]
+    assert list(scenario.labels) == ["line-1", "line-3"]
     first, second = scenario.requests
-    assert first.inputs["input_ids"].tolist() == [[2, 5, 7]] and first.batch == 1
-    assert second.inputs["attention_mask"].shape == (2, 2) and second.batch == 2
+    assert first.inputs["input_ids"].tolist() == [[2, 5, 7]]
+    assert second.inputs["attention_mask"].shape == (2, 2)
+    assert second.inputs["input_ids"].shape == (2, 2)  # batch of two, as the line gave it
     assert first.inputs["input_ids"].dtype == np.int64
     assert build_scenario(spec, "ids_enc", data).digest != build_scenario(spec, "ids_enc").digest
 
@@ -284,7 +285,7 @@ def test_a_folder_of_images_replaces_the_shipped_photos(spec, tmp_path):
     (folder / "mine.jpg").write_bytes(image.read_bytes())
     (folder / "notes.txt").write_text("not an image")
     scenario = build_scenario(spec, "photo_prep", folder)
-    assert [r.label for r in scenario.requests] == ["mine.jpg"]
+    assert list(scenario.labels) == ["mine.jpg"]
 
 
 # --------------------------------------------------------------------------- the answer check
@@ -310,11 +311,11 @@ def test_the_check_names_a_missing_output_a_wrong_shape_dtype_or_nan(spec):
 def test_the_shipped_pipelines_keep_their_payloads():
     shipped = load_spec(paths.SPEC_FILE)
     texts = build_scenario(shipped, "text_embedding")
-    assert [r.label for r in texts.requests] == [f"text-{i}" for i in range(len(texts.requests))]
+    assert list(texts.labels) == [f"text-{i}" for i in range(len(texts.requests))]
     assert [r.inputs["TEXT"][0, 0].decode() for r in texts.requests] == load_texts(
         paths.TEXTS_FILE)
     assert texts.output_names == ("EMBEDDING",)
     images = build_scenario(shipped, "image_classification")
-    assert [(r.label, r.inputs["IMAGE"][0, 0]) for r in images.requests] == load_images(
-        paths.IMAGES_DIR)
+    sent = [(label, r.inputs["IMAGE"][0, 0]) for label, r in zip(images.labels, images.requests)]
+    assert sent == load_images(paths.IMAGES_DIR)
     assert images.output_names == ("CLASS_INDEX", "SCORE", "LABEL")

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from tritonclient.utils import np_to_triton_dtype
 
 from tools import stats
-from tools.load.scenario import Request
+from tools.load.request import Request, triton_dtype
 from tools.loadtest import triton_stats
 
 MODEL = "text_embedding"
@@ -98,7 +97,7 @@ async def _sweep_point(
     for request in requests:
         items = []
         for name, array in request.inputs.items():
-            item = mod.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            item = mod.InferInput(name, list(array.shape), triton_dtype(array))
             item.set_data_from_numpy(array)
             items.append(item)
         inputs.append(items)

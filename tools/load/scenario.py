@@ -23,6 +23,7 @@ import numpy as np
 
 from tools import paths
 from tools.errors import UserInputError
+from tools.load.request import Request
 
 IMAGES_DIR = paths.IMAGES_DIR
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png"})
@@ -53,28 +54,6 @@ class UnknownScenario(UserInputError):
 
 class DataError(UserInputError):
     """A ``--data`` file or folder does not fit the scenario (the message names line and input)."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """One prepared request: inputs as NumPy arrays (batch axis first) by name.
-
-    Attributes:
-        model: The model or pipeline it goes to.
-        inputs: Input name -> array; strings as ``object`` arrays of ``bytes``.
-        outputs: The outputs asked for.
-        label: Which payload it is (``text-3``, a file name, ``line-7``), for the records.
-    """
-
-    model: str
-    inputs: Mapping[str, np.ndarray]
-    outputs: tuple[str, ...]
-    label: str = ""
-
-    @property
-    def batch(self) -> int:
-        """Rows in the request (the batch axis of its inputs)."""
-        return int(next(iter(self.inputs.values())).shape[0]) if self.inputs else 0
 
 
 @dataclass(frozen=True)
@@ -117,7 +96,9 @@ class Scenario:
     Attributes:
         name: The scenario's name: the pipeline or model (SLO entries use it).
         model: The model requests go to (the same name).
-        requests: Every request, in order; users cycle through them.
+        requests: Every request (``tools.load.Request``), in order; users cycle through them.
+        labels: Which payload each request is (``text-3``, a file name, ``line-7``), for the
+            records.
         sources: How each input was filled.
         outputs: What each answer must hold.
     """
@@ -125,6 +106,7 @@ class Scenario:
     name: str
     model: str
     requests: tuple[Request, ...]
+    labels: tuple[str, ...]
     sources: tuple[InputSource, ...]
     outputs: tuple[OutputContract, ...]
 
@@ -135,8 +117,9 @@ class Scenario:
 
     def check(self, request: Request, outputs: Mapping[str, np.ndarray]) -> str | None:
         """Why an answer to ``request`` breaks the contract, or None when it holds."""
+        batch = int(next(iter(request.inputs.values())).shape[0])
         for contract in self.outputs:
-            problem = contract.problem(outputs.get(contract.name), request.batch)
+            problem = contract.problem(outputs.get(contract.name), batch)
             if problem:
                 return problem
         return None
@@ -145,8 +128,8 @@ class Scenario:
     def digest(self) -> str:
         """sha256 over every request's inputs: equal digests mean the same load data."""
         digest = hashlib.sha256(self.model.encode())
-        for request in self.requests:
-            digest.update(request.label.encode() + b"\0")
+        for request, label in zip(self.requests, self.labels):
+            digest.update(label.encode() + b"\0")
             for name in sorted(request.inputs):
                 array = request.inputs[name]
                 digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
@@ -426,9 +409,9 @@ def _check_json_request(arrays: Mapping[str, np.ndarray], inputs: Sequence[_Inpu
 
 
 def _json_requests(path: Path, model: str, inputs: Sequence[_Input], outputs: tuple[str, ...],
-                   max_batch: int) -> list[Request]:
+                   max_batch: int) -> tuple[list[Request], list[str]]:
     names = [i.name for i in inputs]
-    requests = []
+    requests, labels = [], []
     for number, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
@@ -452,10 +435,11 @@ def _json_requests(path: Path, model: str, inputs: Sequence[_Input], outputs: tu
             arrays[item.name] = _json_value(row[item.name], item, f"{where}: input "
                                             f"{item.name!r}", path.parent)
         _check_json_request(arrays, inputs, max_batch, where)
-        requests.append(Request(model, arrays, outputs, f"line-{number}"))
+        requests.append(Request(model, arrays, outputs))
+        labels.append(f"line-{number}")
     if not requests:
         raise DataError(f"{path}: no request in it (every line is empty)")
-    return requests
+    return requests, labels
 
 
 def _json_value(value: Any, item: _Input, where: str, base: Path) -> np.ndarray:
@@ -600,10 +584,10 @@ def build_scenario(spec: Any, name: str, data: Path | None = None, *,
     if data is not None and not data.exists():
         raise DataError(f"--data {data}: no such file or folder")
     if data is not None and data.is_file() and _is_json_lines(data):
-        requests = _json_requests(data, name, inputs, output_names, entry.max_batch_size)
+        requests, labels = _json_requests(data, name, inputs, output_names, entry.max_batch_size)
         sources = tuple(InputSource(i.name, i.kind, f"from {data} (JSON lines, "
                                     f"{len(requests)} requests)") for i in inputs)
-        return Scenario(name, name, tuple(requests), sources, outputs)
+        return Scenario(name, name, tuple(requests), tuple(labels), sources, outputs)
 
     signature = ", ".join(f"{i.name} ({i.tensor.dtype})" for i in inputs)
     if data is not None and data.is_file() and not kinds[InputKind.TEXT]:
@@ -644,7 +628,7 @@ def build_scenario(spec: Any, name: str, data: Path | None = None, *,
     for item in tensor_inputs:
         how, vocabularies[item.name] = _tensor_how(item, spec)
         sources.append(InputSource(item.name, item.kind, how))
-    requests = []
+    requests, request_labels = [], []
     for index in range(count):
         arrays: dict[str, np.ndarray] = {}
         labels = []
@@ -659,10 +643,10 @@ def build_scenario(spec: Any, name: str, data: Path | None = None, *,
                 arrays[item.name] = _generated(item, lengths, rng, vocabularies[item.name])
             if not columns:
                 labels.append(f"generated-{index}")
-        ordered = {i.name: arrays[i.name] for i in inputs}
-        requests.append(Request(name, ordered, output_names, "+".join(labels)))
+        requests.append(Request(name, {i.name: arrays[i.name] for i in inputs}, output_names))
+        request_labels.append("+".join(labels))
     order = {i.name: n for n, i in enumerate(inputs)}
-    return Scenario(name, name, tuple(requests),
+    return Scenario(name, name, tuple(requests), tuple(request_labels),
                     tuple(sorted(sources, key=lambda s: order[s.name])), outputs)
 
 

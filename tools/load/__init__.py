@@ -1,1 +1,0 @@
-"""The load: requests derived from the spec (``scenario``) and the engine that sends them."""
