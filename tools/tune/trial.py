@@ -33,7 +33,8 @@ from tools.tune.spec_text import apply_settings, set_cpu_cores
 
 # Stop climbing the concurrency ladder when a step gains less than this: the server is saturated.
 SATURATION_GAIN = 0.05
-EXPORTING_KINDS = (ModelKind.PYTORCH, ModelKind.ONNX)
+# Only a PyTorch model is exported; an ONNX file as the source is copied again (no export).
+EXPORTING_KINDS = (ModelKind.PYTORCH,)
 DEFAULT_REFINE = 2
 
 
@@ -273,6 +274,8 @@ def check_baseline(spec: RepoSpec, baseline: Path, models: Sequence[str], target
         if not isinstance(entry, ModelSpec):
             continue
         builder = builder_for(spec, entry, target, cfg.render(configs[name].to_message()))
+        if builder.kind not in EXPORTING_KINDS:
+            continue
         previous = manifest.models.get(name)
         plan = builder.plan(previous)
         if builder.reusable_export(baseline / name, previous, plan) is None:
