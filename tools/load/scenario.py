@@ -319,8 +319,10 @@ def _is_json_lines(path: Path) -> bool:
         return False
 
 
-def _bytes_array(value: bytes) -> np.ndarray:
-    return np.array([[value]], dtype=np.object_)
+def _bytes_array(value: bytes, tensor: Any) -> np.ndarray:
+    """One row of ``tensor``'s shape (dynamic dims 1) holding ``value`` everywhere."""
+    shape = tuple(d if isinstance(d, int) else 1 for d in tensor.shape[1:])
+    return np.full((1, *shape), value, dtype=np.object_)
 
 
 # --------------------------------------------------------------------------- --data JSON lines
@@ -384,7 +386,8 @@ class _Input:
         leaf_shape = tuple(self.leaf_tensor.shape)
         leaf_dim = leaf_shape[position] if len(leaf_shape) == len(self.tensor.shape) else dim
         if not isinstance(leaf_dim, str):
-            return _AxisRange(leaf_dim, leaf_dim, leaf_dim, f"{leaf_dim} (fixed in {self.leaf.name})")
+            return _AxisRange(leaf_dim, leaf_dim, leaf_dim,
+                              f"{leaf_dim} (fixed in {self.leaf.name})")
         return _axis_range(self.leaf, leaf_dim)
 
 
@@ -636,7 +639,7 @@ def build_scenario(spec: Any, name: str, data: Path | None = None, *,
             row = rows[index % len(rows)]
             labels.append(column_labels[index % len(rows)])
             for item, value in zip(column_inputs, row):
-                arrays[item.name] = _bytes_array(value)
+                arrays[item.name] = _bytes_array(value, item.tensor)
         if tensor_inputs:
             lengths = _lengths(tensor_inputs, rng)
             for item in tensor_inputs:
