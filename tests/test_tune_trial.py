@@ -76,6 +76,7 @@ def _fake_baseline(tmp_path: Path) -> Path:
     (ModelStatus.BUILT, ModelKind.PYTORCH, True),
     (ModelStatus.REPACKAGED, ModelKind.PYTORCH, False),
     (ModelStatus.BUILT, ModelKind.PYTHON, False),  # a Python model has no export to redo
+    (ModelStatus.BUILT, ModelKind.ONNX, False),  # nor has an ONNX file: it is copied again
 ])
 def test_a_trial_build_that_exports_a_model_again_is_refused(tmp_path, monkeypatch, status, kind,
                                                              refused):

@@ -17,6 +17,8 @@ LOCUSTFILE = LOADTESTS / "locustfile.py"
 SLO_FILE = LOADTESTS / "slo.yaml"
 TEXTS_FILE = LOADTESTS / "data" / "texts.txt"
 SCHEMAS = CHECKOUT / "schemas"
+SPEC_FILE = CHECKOUT / "repository.yaml"
+IMAGES_DIR = LOADTESTS / "data" / "images"
 
 
 def project_file(path: Path, what: str) -> Path:

@@ -88,7 +88,8 @@ def _line_start(text: str, index: int) -> int:
     return text.rfind("\n", 0, index) + 1
 
 
-def _edit_for(text: str, node: MappingNode, path: Sequence[str], value: Any, where: str) -> _Edit:
+def _edit_for(text: str, node: MappingNode, path: Sequence[str], value: Any, where: str,
+              block: bool = False, comment: str = "") -> _Edit:
     """One text edit that sets ``path`` under mapping ``node`` to ``value``."""
     key, rest = path[0], path[1:]
     found = child(node, key)
@@ -101,7 +102,7 @@ def _edit_for(text: str, node: MappingNode, path: Sequence[str], value: Any, whe
                              flow(_nested(rest, value)))
             if not isinstance(value_node, MappingNode):
                 raise YamlEditError(f"{where}: {key!r} is not a mapping")
-            return _edit_for(text, value_node, rest, value, f"{where}.{key}")
+            return _edit_for(text, value_node, rest, value, f"{where}.{key}", block, comment)
         if isinstance(value_node, ScalarNode) or value_node.flow_style:
             return _Edit(value_node.start_mark.index, value_node.end_mark.index, flow(value))
         raise YamlEditError(f"{where}.{key}: a block collection; write it in flow style "
@@ -125,11 +126,24 @@ def _edit_for(text: str, node: MappingNode, path: Sequence[str], value: Any, whe
     else:
         end = _line_start(text, end)
     prefix = "" if end == 0 or text[end - 1] == "\n" else "\n"
+    if block and isinstance(value, Mapping):
+        lines = block_lines([key, *rest], value, indent, comment)
+        return _Edit(end, end, prefix + "\n".join(lines) + "\n")
     return _Edit(end, end, f"{prefix}{' ' * indent}{entry}\n")
 
 
+def block_lines(keys: Sequence[str], value: Mapping[str, Any], indent: int, comment: str) -> list[str]:
+    """``keys`` as nested block mappings, the last holding ``value``'s items one per line (flow)."""
+    lines = []
+    for depth, key in enumerate(keys):
+        note = f"  {comment}" if comment and depth == len(keys) - 1 else ""
+        lines.append(f"{' ' * (indent + 2 * depth)}{key}:{note}")
+    pad = " " * (indent + 2 * len(keys))
+    return [*lines, *(f"{pad}{k}: {flow(v)}" for k, v in value.items())]
+
+
 def set_value(text: str, mapping: Sequence[str], path: Sequence[str], value: Any,
-              where: str = "") -> str:
+              where: str = "", *, block: bool = False, comment: str = "") -> str:
     """``text`` with ``path`` under the mapping at ``mapping`` set to ``value``.
 
     An existing scalar or flow value is replaced; a missing key is added beside its siblings (in
@@ -142,6 +156,10 @@ def set_value(text: str, mapping: Sequence[str], path: Sequence[str], value: Any
         path: Keys below that mapping.
         value: The new value (a scalar, a list or a mapping, written in flow style).
         where: How messages name the mapping (default: its dotted keys).
+        block: A missing key of a block mapping whose new value is a mapping is written as
+            block mappings (one line per key of ``path`` and per item of ``value``, each item's
+            value in flow style) instead of one flow line.
+        comment: With ``block``, a comment (``# ...``) after the last key of ``path``.
 
     Raises:
         YamlEditError: the mapping is missing, or the value cannot be edited there.
@@ -150,7 +168,7 @@ def set_value(text: str, mapping: Sequence[str], path: Sequence[str], value: Any
     node = find(text, mapping)
     if not isinstance(node, MappingNode):
         raise YamlEditError(f"{where}: not a mapping in the text")
-    return _edit_for(text, node, list(path), value, where).apply(text)
+    return _edit_for(text, node, list(path), value, where, block, comment).apply(text)
 
 
 def _top_level_end(lines: list[str], start: int, stop: int) -> int:

@@ -14,6 +14,7 @@ from tools.add import recipes
 from tools.add.spec_file import write_spec
 from tools.build_repo.spec import load_spec
 from tools.errors import UserInputError
+from tools.loadtest.slo import plan_new_scenario, slo_file_for
 
 
 def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
@@ -69,8 +70,9 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
         entries = recipes.onnx_model(Path(path), name, spec_dir, cores)
     else:
         raise UserInputError(f"unknown recipe {recipe!r} (have {list(recipes.RECIPES)})")
+    slo = plan_new_scenario(slo_file_for(spec_path), name)  # checked before anything is written
     write_spec(spec_path, entries.blocks, entries.names)
-    return entries.summary
+    return [*entries.summary, slo.write()]
 
 
 @click.command("add", cls=ToolCommand)

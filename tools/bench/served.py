@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tools import stats
+from tools.load.request import Request, triton_dtype
 from tools.loadtest import triton_stats
 
 MODEL = "text_embedding"
@@ -79,19 +80,27 @@ async def _sweep_point(
     pipeline: str,
     encoder_model: str,
     rate: float | None = None,
+    requests: Sequence[Request] | None = None,
 ) -> ServedResult:
     mod = _client_module(protocol)
+    if requests is None:  # the texts, one per request
+        requests = [Request(pipeline, {"TEXT": np.array([[t.encode("utf-8")]], np.object_)},
+                            ("EMBEDDING",)) for t in texts]
     if protocol == "grpc":
         client = mod.InferenceServerClient(url)
-        outputs = [mod.InferRequestedOutput("EMBEDDING")]
+        outputs = [mod.InferRequestedOutput(name) for name in requests[0].outputs]
     else:
         client = mod.InferenceServerClient(url, conn_limit=concurrency if not rate else 256)
-        outputs = [mod.InferRequestedOutput("EMBEDDING", binary_data=True)]
+        outputs = [mod.InferRequestedOutput(name, binary_data=True)
+                   for name in requests[0].outputs]
     inputs = []
-    for text in texts:
-        item = mod.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
-        inputs.append([item])
+    for request in requests:
+        items = []
+        for name, array in request.inputs.items():
+            item = mod.InferInput(name, list(array.shape), triton_dtype(array))
+            item.set_data_from_numpy(array)
+            items.append(item)
+        inputs.append(items)
     order = itertools.cycle(range(len(inputs)))
     records: list[stats.Record] = []  # every request, warm-up included; start_s from ``start``
     start = time.perf_counter()
@@ -181,6 +190,7 @@ def measure_served(
     pipeline: str = MODEL,
     encoder_model: str = ENCODER,
     rate: float | None = None,
+    requests: Sequence[Request] | None = None,
 ) -> ServedResult:
     """Closed-loop load at ``concurrency`` (or, with ``rate``, an open loop of ``rate``
     requests/s) for ``warmup_s`` + ``duration_s``; measure the latter.
@@ -196,8 +206,9 @@ def measure_served(
         pipeline: The text pipeline (ensemble) the requests go to.
         encoder_model: Its encoder, whose executed batch and queue time are reported.
         rate: Requests per second of an open loop (None: closed loop).
+        requests: Prepared requests (``tools.load.scenario.Request``) instead of ``texts``.
     """
     return asyncio.run(
         _sweep_point(protocol, url, stats_url, texts, concurrency, warmup_s, duration_s, pipeline,
-                     encoder_model, rate)
+                     encoder_model, rate, requests)
     )

@@ -23,7 +23,7 @@ PATHS = {
 }
 SECTIONS = ("models", "python_models")
 
-__all__ = ["PATHS", "apply_settings", "read_back", "unified_patch"]  # unified_patch: for tune
+__all__ = ["PATHS", "SECTIONS", "apply_settings", "read_back", "set_cpu_cores", "unified_patch"]
 
 
 def _section_of(text: str, model: str) -> str:
@@ -68,6 +68,11 @@ def apply_settings(text: str, settings: Mapping[str, ModelKnobs],
             text = set_value(text, entry, PATHS[knob], value, f"model {model!r}")
     _check(text, settings)
     return text
+
+
+def set_cpu_cores(text: str, cores: int) -> str:
+    """``text`` with the top-level ``cpu_cores`` set to ``cores`` (added when missing)."""
+    return set_value(text, (), ("cpu_cores",), cores, "the spec")
 
 
 def read_back(text: str, model: str) -> dict[str, Any]:
