@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 
 from tools.serve import faults
 from tools.serve.http_guard import GuardLimits, shape_problem
-from tools.serve.server import port_in_use
+from tools.net import free_ports, port_in_use
 
 pytestmark = pytest.mark.reliability
 
@@ -214,7 +214,7 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
 ):
     """docker/tritonserver-cpu.sh, run here on the host with the wheel's binary: compose's
     --http-max-input-size starts the guard on the HTTP port, tritonserver moves behind it."""
-    from tools.serve.server import free_ports, resolve_binary
+    from tools.serve.server import resolve_binary
 
     root = Path(__file__).resolve().parents[1]
     port = next(p for p in free_ports(20) if p < 55000 and not port_in_use(p + 10000))

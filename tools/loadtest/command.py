@@ -207,7 +207,7 @@ def loadtest(
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
     for scenario in chosen:  # fail on a bad SLO file before starting anything
         load_slo(slo_file, slo_profile, scenario)
-    from tools.serve.server import endpoints
+    from tools.serve.session import endpoints
 
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     with endpoints(repository, url, grpc_url, report_dir / "tritonserver.log", say) as (

@@ -18,8 +18,8 @@ from tools.errors import ServerError, UserInputError
 from tools.serve import health
 from tools.serve.recovery import ModelRecovery, RestartBudget
 from tools.serve.http_guard import GuardLimits
-from tools.serve.server import OPEN_ADMIN_ENV, STOP_GRACE_S, EmbeddedServer, resolve_binary
-from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, binary_options
+from tools.serve.server import STOP_GRACE_S, EmbeddedServer, resolve_binary
+from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, OPEN_ADMIN_ENV, binary_options
 
 _WATCH_INTERVAL_S = 1.0
 _PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
@@ -106,7 +106,7 @@ def _start(
     if not probes:
         return
     try:
-        report = server.health(probes)
+        report = server.control.health(server.models, probes)
     except BaseException:
         server.stop()
         raise
@@ -167,7 +167,7 @@ def _serve_until_signal(
     """
     for restart in range(max_restarts + 1):
         # snapshot before announcing, so a death right after the announcement still counts
-        recovery = ModelRecovery(server, budget)
+        recovery = ModelRecovery(server.control, budget)
         click.echo(_describe(server))
         try:
             reason = server.watch(

@@ -282,38 +282,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def serve(listen_port: int, upstream_port: int, limits: GuardLimits,
-                watch_pid: int | None = None, listen_address: str = LOOPBACK,
-                drain_s: float = 60.0) -> None:
-    """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT.
+async def run_until_gone(watch_pid: int | None, drain_s: float = 60.0) -> None:
+    """Return once ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT.
 
     With ``watch_pid``, a SIGTERM while it still runs (in a container the whole process group
     gets it) waits up to ``drain_s`` for it to exit: the responses of its drain still pass here.
     """
-    guard = HttpGuard(upstream_port, limits)
-    server = await asyncio.start_server(guard.connection, listen_address, listen_port,
-                                        limit=MAX_HEAD_BYTES, reuse_address=True)
     terminated = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, terminated.set)
+    deadline = None
+    while watch_pid is None or _alive(watch_pid):
+        if not terminated.is_set():
+            try:
+                await asyncio.wait_for(terminated.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            continue
+        if watch_pid is None:
+            return
+        deadline = deadline or loop.time() + drain_s
+        if loop.time() > deadline:
+            return
+        await asyncio.sleep(0.2)
+
+
+async def serve(listen_port: int, upstream_port: int, limits: GuardLimits,
+                watch_pid: int | None = None, listen_address: str = LOOPBACK,
+                drain_s: float = 60.0) -> None:
+    """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT
+    (``run_until_gone``)."""
+    guard = HttpGuard(upstream_port, limits)
+    server = await asyncio.start_server(guard.connection, listen_address, listen_port,
+                                        limit=MAX_HEAD_BYTES, reuse_address=True)
     print(f"http guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, bodies up "
           f"to {limits.max_body_bytes} bytes", file=sys.stderr, flush=True)
     async with server:
-        deadline = None
-        while watch_pid is None or _alive(watch_pid):
-            if not terminated.is_set():
-                try:
-                    await asyncio.wait_for(terminated.wait(), 0.5)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            if watch_pid is None:
-                return
-            deadline = deadline or loop.time() + drain_s
-            if loop.time() > deadline:
-                return
-            await asyncio.sleep(0.2)
+        await run_until_gone(watch_pid, drain_s)
 
 
 def main(argv: list[str] | None = None) -> int:
