@@ -195,7 +195,7 @@ def test_a_request_whose_upstream_connection_was_lost_is_sent_once_more_on_a_fre
 
         fake = await asyncio.start_server(upstream, "127.0.0.1", 0)
         guard = HttpGuard(fake.sockets[0].getsockname()[1], LIMITS)
-        front = await asyncio.start_server(guard.connection, "127.0.0.1", 0)
+        front = await guard.listen("127.0.0.1", 0)
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", front.sockets[0].getsockname()[1])
         writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
