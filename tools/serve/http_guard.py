@@ -226,6 +226,9 @@ def parse_head(head: bytes) -> Request:
             raise _bad(f"Content-Length {raw[:40].decode('latin-1')!r} is not a number of at "
                        f"most 18 digits")
         request.length = int(raw)
+        if raw[:1] == b"0" and request.length:  # forwarded as the number it was read as
+            request.fields = [(n, b"%d" % request.length if n.lower() == b"content-length" else v)
+                              for n, v in request.fields]
     raw = seen.get(b"inference-header-content-length")
     if raw is not None:
         if _DIGITS.fullmatch(raw) is None or int(raw) > request.length:
@@ -489,8 +492,9 @@ class _Client(asyncio.Protocol):
 
     def _check_partial_head(self) -> None:
         """A head not complete yet: refuse what can never become a valid one."""
-        if self.buf.count(b"\n") != self.buf.count(b"\r\n"):
-            raise _bad("a line of the request head ends in a bare LF (only CRLF ends a line)")
+        crlf = self.buf.count(b"\r\n")
+        if self.buf.count(b"\n") != crlf or self.buf.count(b"\r") - self.buf.endswith(b"\r") != crlf:
+            raise _bad("a line of the request head ends in a bare LF or CR (only CRLF ends a line)")
         line_end = self.buf.find(b"\r\n")
         if (line_end < 0 and len(self.buf) > MAX_REQUEST_LINE_BYTES) or \
                 line_end > MAX_REQUEST_LINE_BYTES:
