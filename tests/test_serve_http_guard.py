@@ -270,3 +270,105 @@ def test_the_wrapper_moves_only_http_behind_the_guard(tmp_path, flags, metrics):
     assert {"--http-address=127.0.0.1", "--http-port=18000", f"--metrics-address={metrics}"} <= set(server)
     assert " ".join(guard_args).startswith(
         "--listen-address 0.0.0.0 --listen-port 8000 --upstream-port 18000 --max-body-bytes 16777216")
+
+
+async def _through_fake_upstream(raw: bytes, admission=None, answer=b"HTTP/1.1 200 OK\r\n"
+                                 b"Content-Length: 2\r\n\r\nok") -> tuple[bytes, list[bytes]]:
+    """Send ``raw`` to a guard in front of a fake upstream; (what the client got until the guard
+    closed or went quiet, every request head and body the upstream received)."""
+    import asyncio
+
+    from tools.serve.http_guard import HttpGuard
+
+    seen: list[bytes] = []
+
+    async def upstream(reader, writer):
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            seen.append(head + await reader.readexactly(length))
+            writer.write(answer)
+            await writer.drain()
+
+    fake = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    guard = HttpGuard(fake.sockets[0].getsockname()[1], LIMITS, admission)
+    front = await guard.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+    writer.write(raw)
+    got = b""
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), 1.0)
+        except asyncio.TimeoutError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    writer.close()
+    fake.close()
+    front.close()
+    return got, seen
+
+
+def test_what_goes_upstream_is_the_head_as_parsed_not_the_clients_bytes():
+    import asyncio
+
+    body = _double([1, 4], [1, 2, 3, 4])
+    raw = (b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost:   x  \r\ncontent-length: 00"
+           + str(len(body)).encode() + b"\r\nX-Trace:\tabc \t\r\nExpect: 100-continue\r\n"
+           b"Upgrade: h2c\r\n\r\n" + body)
+    got, seen = asyncio.run(_through_fake_upstream(raw))
+    assert got.endswith(b"\r\n\r\nok")
+    assert seen == [b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\ncontent-length: "
+                    + str(len(body)).encode() + b"\r\nX-Trace: abc\r\n\r\n" + body]
+
+
+def test_a_gzip_body_is_bounded_and_its_shapes_checked_before_tritonserver_decodes_it():
+    import asyncio
+    import gzip
+
+    def request(payload: bytes) -> bytes:
+        return (b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip"
+                b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+    huge_shape = gzip.compress(_double([1, 2 ** 40], [1]))
+    got, seen = asyncio.run(_through_fake_upstream(request(huge_shape)))
+    assert got.startswith(b"HTTP/1.1 400 ") and b"1099511627776 elements" in got and seen == []
+    bomb = gzip.compress(b" " * (LIMITS.max_body_bytes + 1))  # ~1 KiB that decodes past the limit
+    got, seen = asyncio.run(_through_fake_upstream(request(bomb)))
+    assert got.startswith(b"HTTP/1.1 413 ") and b"decodes (gzip) to more than" in got
+    assert seen == []
+    fine = gzip.compress(_double([1, 4], [1, 2, 3, 4]))
+    got, seen = asyncio.run(_through_fake_upstream(request(fine)))
+    assert got.endswith(b"ok") and len(seen) == 1 and seen[0].endswith(fine)
+
+
+def test_an_admission_decides_per_model_before_tritonserver_sees_the_request():
+    import asyncio
+
+    from tools.serve.http_guard import Admission, Overloaded
+
+    finished = []
+
+    class BusyModel(Admission):
+        def admit(self, model):
+            if model == "busy":
+                raise Overloaded("model 'busy' is over its latency target", retry_after_s=2.5)
+            return finished.append
+
+    body = _double([1, 4], [1, 2, 3, 4])
+    raw = (b"POST /v2/models/busy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+           + str(len(body)).encode() + b"\r\n\r\n" + body
+           + b"POST /v2/models/toy_double/versions/1/infer HTTP/1.1\r\nHost: x\r\n"
+           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got, seen = asyncio.run(_through_fake_upstream(raw, BusyModel()))
+    first, _, second = got.partition(b"}")
+    assert first.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 3\r\n" in first
+    assert b"over its latency target" in first
+    assert second.endswith(b"ok"), "the connection serves the next request"
+    assert [s.split(b" ")[1] for s in seen] == [b"/v2/models/toy_double/versions/1/infer"]
+    assert finished == [200]
