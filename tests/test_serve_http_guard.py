@@ -213,11 +213,15 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
     server_factory, toy_repository, tmp_path,
 ):
     """docker/tritonserver-cpu.sh, run here on the host with the wheel's binary: compose's
-    --http-max-input-size starts the guard on the HTTP port, tritonserver moves behind it."""
+    --http-max-input-size starts the guards on the HTTP and gRPC ports, tritonserver moves
+    behind them."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
     from tools.serve.server import resolve_binary
 
     root = Path(__file__).resolve().parents[1]
-    port = next(p for p in free_ports(20) if p < 55000 and not port_in_use(p + 10000))
+    port, grpc_port = [p for p in free_ports(40) if p < 55000 and not port_in_use(p + 10000)][:2]
     wrapper = tmp_path / "bin" / "tritonserver"  # no ../backends beside it: the wheel's is used
     wrapper.parent.mkdir()
     wrapper.write_bytes((root / "docker" / "tritonserver-cpu.sh").read_bytes())
@@ -225,8 +229,8 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
     os.environ["TRITONSERVER_CPU_BINARY"] = str(resolve_binary())
     os.environ["TRITON_FORGE_HOME"] = str(root)
     try:
-        server = server_factory(toy_repository, binary=wrapper,
-                                http_port=port, extra_args=("--http-max-input-size=1048576",),
+        server = server_factory(toy_repository, binary=wrapper, http_port=port,
+                                grpc_port=grpc_port, extra_args=("--http-max-input-size=1048576",),
                                 allow_open_admin_apis=True)
     finally:
         del os.environ["TRITONSERVER_CPU_BINARY"], os.environ["TRITON_FORGE_HOME"]
@@ -234,12 +238,25 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
               if "http_guard.py" in " ".join(p.info["cmdline"] or [])
               and str(port) in (p.info["cmdline"] or [])]
     assert len(guards) == 1 and port_in_use(port + 10000), "tritonserver listens behind it"
+    grpc_guards = [p for p in psutil.process_iter(["cmdline"])
+                   if "grpc_guard.py" in " ".join(p.info["cmdline"] or [])
+                   and str(grpc_port) in (p.info["cmdline"] or [])]
+    assert len(grpc_guards) == 1 and port_in_use(grpc_port + 10000)
     assert np.array_equal(_infer_ok(server.http_url), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
     status, _, body = _exchange(server.http_url, _head(server.http_url, 2_000_000))
     assert status == 413 and "over the limit of 1048576 bytes" in json.loads(body)["error"]
-    server.stop()  # SIGTERM to the group: the guard waits for tritonserver, then exits with it
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("toy_double", [tensor]).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+        tensor = grpcclient.InferInput("INPUT0", [1, 1 << 19], "FP32")  # 2 MiB
+        tensor.set_data_from_numpy(np.ones((1, 1 << 19), np.float32))
+        with pytest.raises(InferenceServerException, match="larger than max"):
+            client.infer("toy_double", [tensor])
+    server.stop()  # SIGTERM to the group: the guards wait for tritonserver, then exit with it
     guards[0].wait(timeout=10)
-    assert not port_in_use(port)
+    grpc_guards[0].wait(timeout=10)
+    assert not port_in_use(port) and not port_in_use(grpc_port)
 
 
 @pytest.mark.parametrize("flags, metrics", [
