@@ -5,9 +5,10 @@
 # image and this one: here the flag starts the HTTP guard (tools/serve/http_guard.py, standard
 # library only) on the HTTP address and port, with that bound, and tritonserver's own HTTP
 # endpoint moves to 127.0.0.1, port + 10000, behind it. No Triton has a gRPC message-size flag:
-# with the same flag, and where grpcio and tools/serve/grpc_guard.py are in the image, the gRPC
-# guard bounds gRPC messages to the same size on the gRPC address and port, tritonserver's own
-# gRPC moving to 127.0.0.1, port + 10000 (without them gRPC stays unbounded, and this says so).
+# with the same flag, where tools/serve/grpc_guard.py (standard library only too) is in the
+# image, the gRPC guard bounds gRPC messages to the same size on the gRPC address and port,
+# tritonserver's own gRPC moving to 127.0.0.1, port + 10000 (without it gRPC stays unbounded,
+# and this says so).
 # The guards watch this pid (tritonserver after the exec below), outlive a SIGTERM until
 # tritonserver has drained, and exit with it.
 # (both paths can be given for tests/test_serve_http_guard.py, which runs this script on the host)
@@ -39,7 +40,7 @@ if [ -n "$max_input" ]; then
     # the metrics port follows --http-address unless given: keep it where it was
     set -- "$@" --http-address=127.0.0.1 --http-port="$inner" \
         --metrics-address="${metrics_address:-$http_address}"
-    if [ -f "$grpc_guard" ] && python3 -c "import grpc" 2>/dev/null; then
+    if [ -f "$grpc_guard" ]; then
         grpc_inner=$((grpc_port + 10000))
         echo "tritonserver-cpu: the gRPC guard on $grpc_address:$grpc_port bounds messages to" \
              "$max_input bytes (tritonserver's gRPC on 127.0.0.1:$grpc_inner)" >&2
@@ -47,8 +48,7 @@ if [ -n "$max_input" ]; then
             --upstream-port "$grpc_inner" --max-message-bytes "$max_input" --watch-pid $$ &
         set -- "$@" --grpc-address=127.0.0.1 --grpc-port="$grpc_inner"
     else
-        echo "tritonserver-cpu: no grpcio or $grpc_guard in this image: gRPC messages are" \
-             "not bounded" >&2
+        echo "tritonserver-cpu: no $grpc_guard in this image: gRPC messages are not bounded" >&2
         set -- "$@" --grpc-address="$grpc_address" --grpc-port="$grpc_port"
     fi
 else

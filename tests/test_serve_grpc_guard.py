@@ -146,3 +146,35 @@ def test_the_guard_stops_with_the_server_and_frees_its_port(guarded):
     assert port_in_use(port)
     guarded.stop()
     assert not port_in_use(port)
+
+
+def test_a_compressed_message_is_bounded_by_what_it_decodes_to(guarded):
+    with grpcclient.InferenceServerClient(guarded.grpc_url) as client:
+        small = client.infer("toy_double", _double_request(np.ones((1, 4), np.float32)),
+                             compression_algorithm="gzip")
+        np.testing.assert_array_equal(small.as_numpy("OUTPUT0"), np.full((1, 4), 2.0))
+        zeros = np.zeros((1, LIMIT // 2), np.float32)  # 2x the limit, a few KiB once compressed
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("toy_double", _double_request(zeros), compression_algorithm="gzip")
+        assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert f"decompressed over {LIMIT}" in refused.value.message()
+        again = client.infer("toy_double", _double_request(np.ones((1, 4), np.float32)))
+        np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), np.full((1, 4), 2.0))
+
+
+def test_a_message_over_the_limit_ends_only_its_stream_after_the_answers_before_it(guarded):
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(guarded.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("toy_double", _double_request(np.ones((1, 4), np.float32)))
+        first, error = answers.get(timeout=30)
+        assert error is None and first.as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+        client.async_stream_infer("toy_double",
+                                  _double_request(np.ones((1, LIMIT // 2), np.float32)))
+        _, error = answers.get(timeout=30)
+        client.stop_stream()
+        assert error is not None and "larger than max" in str(error)
+        # the connection's other calls, and its flow-control credit, are intact
+        for _ in range(3):
+            result = client.infer("toy_double", _double_request(np.ones((1, 1 << 18), np.float32)))
+            assert result.as_numpy("OUTPUT0").shape == (1, 1 << 18)
