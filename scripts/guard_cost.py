@@ -1,4 +1,4 @@
-"""What the HTTP and gRPC guards cost: `tools bench --url` through them and around them, interleaved.
+"""What the HTTP and gRPC guards cost: `tools bench --url` through and around them, interleaved.
 
 One embedded tritonserver (no guard of its own); the HTTP guard and the gRPC guard run beside it
 as `tools serve` runs them, in front of tritonserver's own ports. Each round measures every
@@ -122,7 +122,7 @@ def main() -> int:
                                "load1": os.getloadavg()[0],
                                "triton_cpu_s": _cpu_s(server.pid) - triton_before, **served}
                         if guard_pid:
-                            # whole run (warm-up included) over the requests measured: an upper bound
+                            # the whole run (warm-up too) over the requests measured: upper bound
                             run["guard_cpu_s"] = _cpu_s(guard_pid) - before
                             run["guard_cpu_us_per_request"] = (
                                 1e6 * run["guard_cpu_s"] / max(total, 1)

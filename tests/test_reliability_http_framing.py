@@ -220,7 +220,8 @@ def _malformed(draw) -> str:
         method, target, version = line.split(" ")
         line = draw(st.sampled_from([f"{method}  {target} {version}", f"{method} {target}",
                                      f"{method} {target} HTTP/1.2", f"{method} {target} HTTP/1",
-                                     f"{method} {target} {version} x", f"{method} x{target} {version}"]))
+                                     f"{method} {target} {version} x",
+                                     f"{method} x{target} {version}"]))
     elif kind == "smuggle-cl-te":
         hidden = "0\r\n\r\n" + SMUGGLED
         headers = [("Host", "{host}"), ("Content-Length", str(len(hidden))),

@@ -1,7 +1,9 @@
 """Run a real tritonserver on a model repository: loopback only, strict configs, clean shutdown.
 
-``EmbeddedServer`` starts, watches and stops the process; its flags, log and health live in
-``server_config``, ``server_log`` and ``health``, its processes in ``tools.process``.
+``EmbeddedServer`` starts, watches and stops the process; its flags and admin policy live in
+``server_config``, its log in ``server_log``, its health and admin calls in ``health`` and
+``model_control`` (``.control``), its guards in ``guards``, its processes in ``tools.process``,
+its ports in ``tools.net``; ``session`` holds a server for the length of one command.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from tools import process
 from tools.errors import ServerError, UserInputError
 from tools.net import LOOPBACK, choose_ports
 from tools.serve import guards, health
-from tools.serve.backend_dir import backend_directory, default_binary, installed_backends, stub_environment
+from tools.serve.backend_dir import (
+    backend_directory,
+    default_binary,
+    installed_backends,
+    stub_environment,
+)
 from tools.serve.http_guard import GuardLimits
 from tools.serve.model_control import ModelControl, admin_headers
 from tools.serve.model_control import watch as watch_server
