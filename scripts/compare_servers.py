@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import stats
-from tools.serve.server import free_ports
+from tools.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXTS = ROOT / "loadtests" / "data" / "texts.txt"
@@ -285,7 +285,7 @@ def child_server(kind: str, extra: Sequence[str], ready_url: str, log: Path,
     left the group).
     """
     from tools import process
-    from tools.serve.server import stub_environment
+    from tools.serve.backend_dir import stub_environment
 
     # as EmbeddedServer: the Python-backend stub must load this interpreter's libpython
     env = stub_environment()

@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     figures: dict = {}
     with EmbeddedServer(args.repository, exit_timeout_s=10) as server:
-        recovery, events, rss = ModelRecovery(server), [], []
+        recovery, events, rss = ModelRecovery(server.control), [], []
         watcher = threading.Thread(target=lambda: _watch(server, recovery, events), daemon=True)
         watcher.start()
-        pids = lambda: [server.pid, *server.stub_processes().values()]  # noqa: E731
+        pids = lambda: [server.pid, *server.control.stub_processes().values()]  # noqa: E731
         stop = threading.Event()
 
         def sample_rss() -> None:

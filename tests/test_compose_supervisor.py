@@ -20,7 +20,8 @@ import pytest
 
 from tools import process
 from tools.manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRTRecord
-from tools.serve.server import EmbeddedServer, free_ports, resolve_binary
+from tools.net import free_ports
+from tools.serve.server import EmbeddedServer, resolve_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = ROOT / "docker" / "triton-entrypoint.sh"

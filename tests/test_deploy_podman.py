@@ -25,7 +25,7 @@ import yaml
 
 from tools.deploy import manifests
 from tools.deploy.render import render_k8s
-from tools.serve.server import free_ports
+from tools.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 TAGS = ROOT / "build" / "images" / "tags.env"

@@ -22,7 +22,7 @@ import yaml
 from loadtests.scenarios import load_texts
 from tools.deploy import promql
 from tools.deploy.render import render_k8s
-from tools.serve.server import free_ports
+from tools.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = shutil.which("prometheus")

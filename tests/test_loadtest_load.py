@@ -16,7 +16,7 @@ from tools.loadtest.command import run_loadtests
 from tools.loadtest.gate import read_records
 from tools.loadtest.runner import RunSpec, run_locust
 from tools.loadtest.slo import DEFAULT_SLO_FILE
-from tools.serve.server import free_ports
+from tools.net import free_ports
 
 SMOKE_WARMUP_S = 3.0
 SMOKE_DURATION_S = 8.0  # 4 runs x 11 s of load: the smoke stays under 60 s of load

@@ -66,7 +66,7 @@ def repository(tmp_path: Path) -> Path:
 
 
 def _server_rss(server) -> int:
-    pids = [server.pid, *server.stub_processes().values()]
+    pids = [server.pid, *server.control.stub_processes().values()]
     return faults.sample(pids).rss_bytes
 
 

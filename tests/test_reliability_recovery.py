@@ -56,7 +56,7 @@ class _Watcher:
     """``server.watch`` with recovery, in a thread, as ``tools serve`` runs it."""
 
     def __init__(self, server, budget: RestartBudget) -> None:
-        self.recovery = ModelRecovery(server, budget)
+        self.recovery = ModelRecovery(server.control, budget)
         self.events = []
         self._thread = threading.Thread(target=self._run, args=(server,), daemon=True)
         self._thread.start()
@@ -84,11 +84,12 @@ def test_a_killed_stub_reloads_only_its_model_while_another_model_under_load_nev
         users=4, duration_s=8)
     pipeline = HttpLoad(server.http_url, "toy_pipeline", [DOUBLE], CLIENT_TIMEOUT_S).start(
         users=4, duration_s=8)
-    untouched = {i: p for i, p in server.stub_processes().items() if not i.startswith("toy_double")}
+    untouched = {i: p for i, p in server.control.stub_processes().items()
+                 if not i.startswith("toy_double")}
     time.sleep(2.0)
 
     killed_at = time.monotonic()
-    os.kill(server.stub_processes()["toy_double_0_0"], signal.SIGKILL)
+    os.kill(server.control.stub_processes()["toy_double_0_0"], signal.SIGKILL)
     other_records, pipeline_records = other.join(), pipeline.join()
 
     assert [e.outcome for e in watcher.events] == [Outcome.RELOADED]
@@ -99,7 +100,7 @@ def test_a_killed_stub_reloads_only_its_model_while_another_model_under_load_nev
     late = [r for r in pipeline_records if r.start_s > killed_at + RECOVERY_TARGET_S and not r.ok]
     assert late == [], "the ensemble answers again once its composing model is reloaded"
     assert max(r.latency_ms for r in pipeline_records + other_records) < CLIENT_TIMEOUT_S * 1000
-    stubs = server.stub_processes()
+    stubs = server.control.stub_processes()
     assert {i: p for i, p in stubs.items() if not i.startswith("toy_double")} == untouched
     assert "toy_double_0_0" in stubs
 
@@ -131,16 +132,17 @@ def test_a_model_that_keeps_crashing_is_left_unloaded_and_reported_while_the_res
     assert "died 3 times within 60 s" in watcher.events[-1].detail
     assert watcher.recovery.given_up.keys() == {"toy_double"}
     deadline = time.monotonic() + 10  # Triton unloads in the background
-    while "UNLOADING" in (index := {e["name"]: e["state"] for e in server.repository_index()}
-                          ).values() and time.monotonic() < deadline:
+    while "UNLOADING" in (
+        index := {e["name"]: e["state"] for e in server.control.repository_index()}
+    ).values() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert index["toy_double"] == "UNAVAILABLE" and index["toy_pipeline"] == "UNAVAILABLE"
     assert index["toy_text"] == index["toy_classify"] == "READY"
-    problems = server.health().problems
+    problems = server.control.health(server.models).problems
     assert "model 'toy_double' not ready" in "; ".join(problems)
     assert "model 'toy_pipeline' not ready" in "; ".join(problems)
     assert len(records) > 50 and [r for r in records if not r.ok] == []
-    assert server.health(skip=watcher.recovery.given_up).healthy
+    assert server.control.health(server.models, skip=watcher.recovery.given_up).healthy
 
 
 class _FakeServer:

@@ -259,7 +259,7 @@ def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: P
     setup = setups[0]
 
     served: list[ServedResult] = []
-    from tools.serve.server import endpoints
+    from tools.serve.session import endpoints
 
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     embedded = None if (url and grpc_url) else repository

@@ -280,7 +280,7 @@ def loadtest(
         click.echo(f"{scenario.name}: {len(scenario.requests)} distinct requests", err=True)
         for line in scenario.describe():
             click.echo(f"  {line}", err=True)
-    from tools.serve.server import endpoints
+    from tools.serve.session import endpoints
 
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     with endpoints(repository, url, grpc_url, report_dir / "tritonserver.log", say) as (

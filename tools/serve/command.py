@@ -18,8 +18,8 @@ from tools.errors import ServerError, UserInputError
 from tools.serve import health
 from tools.serve.recovery import ModelRecovery, RestartBudget
 from tools.serve.http_guard import GuardLimits
-from tools.serve.server import OPEN_ADMIN_ENV, STOP_GRACE_S, EmbeddedServer, resolve_binary
-from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, binary_options
+from tools.serve.server import STOP_GRACE_S, EmbeddedServer, resolve_binary
+from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, OPEN_ADMIN_ENV, binary_options
 
 _WATCH_INTERVAL_S = 1.0
 _PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
@@ -43,6 +43,8 @@ def _describe(server: EmbeddedServer) -> str:
             *([f"guard    HTTP bodies up to {server.http_guard.max_body_bytes} bytes, JSON shapes "
                f"checked; tritonserver's own HTTP on {server.triton_http_url}"]
               if server.http_guard else []),
+            *([f"guard    gRPC messages up to {server.grpc_guard} bytes; tritonserver's own gRPC "
+               f"on {server.triton_grpc_url}"] if server.grpc_guard else []),
             f"grpc     {server.grpc_url}",
             f"metrics  http://{server.metrics_url}/metrics",
             f"models   {', '.join(server.models)}",
@@ -106,7 +108,7 @@ def _start(
     if not probes:
         return
     try:
-        report = server.health(probes)
+        report = server.control.health(server.models, probes)
     except BaseException:
         server.stop()
         raise
@@ -167,7 +169,7 @@ def _serve_until_signal(
     """
     for restart in range(max_restarts + 1):
         # snapshot before announcing, so a death right after the announcement still counts
-        recovery = ModelRecovery(server, budget)
+        recovery = ModelRecovery(server.control, budget)
         click.echo(_describe(server))
         try:
             reason = server.watch(
@@ -300,6 +302,21 @@ def _port_option(kind: str, default: int, what: str):
     "nvidia-pytriton wheel's 2.51].",
 )
 @click.option(
+    "--grpc-guard/--no-grpc-guard",
+    default=True,
+    show_default=True,
+    help="Put a guard in front of tritonserver's gRPC port that refuses messages over "
+    "--max-grpc-message-bytes (RESOURCE_EXHAUSTED) before tritonserver reads them (no Triton "
+    "release has a gRPC message-size flag).",
+)
+@click.option(
+    "--max-grpc-message-bytes",
+    type=click.IntRange(1),
+    default=HTTP_MAX_INPUT_SIZE,
+    show_default=True,
+    help="Largest gRPC message (the gRPC guard's bound).",
+)
+@click.option(
     "--max-body-bytes",
     type=click.IntRange(1),
     default=HTTP_MAX_INPUT_SIZE,
@@ -324,6 +341,8 @@ def serve(
     probes: Path | None,
     allow_open_admin_apis: bool,
     http_guard: bool | None,
+    grpc_guard: bool,
+    max_grpc_message_bytes: int,
     max_body_bytes: int,
 ) -> None:
     """Run tritonserver on a model repository, bound to 127.0.0.1.
@@ -349,7 +368,9 @@ def serve(
     by tritonserver's --http-max-input-size on Triton 25.x or later; the 2.51 binary of the
     nvidia-pytriton wheel lacks it and reads any body whole, so a guard process holds the public
     HTTP port and forwards to tritonserver on a loopback port of its own (--no-http-guard to
-    leave it out). gRPC is not behind the guard.
+    leave it out). gRPC messages are bounded to --max-grpc-message-bytes by a gRPC guard on the
+    public gRPC port (no Triton release has a flag for it; --no-grpc-guard to leave it out).
+    docs/guards.md has what each guard refuses and what it costs.
 
     \b
     For scripts:
@@ -378,6 +399,7 @@ def serve(
         http_guard=GuardLimits(max_body_bytes, max(4 * max_body_bytes, 64 * 2**20))
         if http_guard else None,
         max_body_bytes=max_body_bytes,
+        grpc_guard=max_grpc_message_bytes if grpc_guard else None,
     )
     if background:
         _start_in_background(server, pid_file, start_timeout, requests)

@@ -95,7 +95,8 @@ class ModelRecovery:
     with the ensembles that use it, and left so: it reports not ready while the rest serve.
 
     Args:
-        server: An ``EmbeddedServer`` (or anything with its stub and load/unload methods).
+        server: A ``ModelControl`` (``EmbeddedServer.control``), or anything with its stub and
+            load/unload methods.
         budget: The restart budget per model.
         clock: Monotonic seconds (a test may pass a fake).
         reload_timeout_s: How long one reload may take.
