@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -18,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tools import process
 from tools.errors import ServerError
 from tools.serve import health
 from tools.serve.faults import HttpLoad
+from tools.serve.server import free_ports
 from tools.serve.recovery import (
     Backoff,
     ModelRecovery,
@@ -223,6 +227,49 @@ def _infer_double(server) -> list[float]:
         headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         return [x / 2 for x in json.loads(response.read())["outputs"][0]["data"]]
+
+
+@pytest.mark.server
+def test_tools_serve_retries_a_model_past_its_budget_and_reports_it_on_its_status_port(
+    toy_repository, tmp_path
+):
+    (forge,) = free_ports(1)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "serve", "--repository", str(toy_repository),
+         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--exit-timeout", "2",
+         "--forge-metrics-port", str(forge), "--model-restarts", "0", "--retry-backoff", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True).start()
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()
+    url = f"http://127.0.0.1:{forge}"
+    try:
+        _wait_for(lambda: any(l.startswith("status ") for l in lines), 120, lambda: errors)
+        (server_pid,) = [int(l.split()[3].rstrip(",")) for l in lines if l.startswith("tritonserver ready")]
+        state = lambda: json.loads(urllib.request.urlopen(f"{url}/status", timeout=5).read())  # noqa: E731
+        ready_before = state()
+        os.kill(process.stub_processes(server_pid)["toy_text_0_0"], signal.SIGKILL)
+        _wait_for(lambda: state()["models"]["toy_text"]["state"] == "backoff", 20,
+                  lambda: (state(), errors))
+        in_backoff = state()
+        _wait_for(lambda: state()["ready"], 20, lambda: (state(), errors))
+        back = state()
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=60)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        process.stop(serve.pid, 10)
+
+    assert f"status   {url}/status, {url}/metrics (model recovery)\n" in lines
+    assert ready_before["ready"] and set(ready_before["models"]) == {
+        "toy_classify", "toy_double", "toy_text"}
+    assert in_backoff["ready"] is False and in_backoff["models"]["toy_double"]["state"] == "ready"
+    assert back["models"]["toy_text"]["restarts"] == 1
+    assert any("model 'toy_text' unloaded" in l and "retrying in 1 s" in l for l in errors)
+    assert any("model 'toy_text' loaded again by a retry" in l for l in errors)
+    assert code == 0, errors
 
 
 class _FakeServer:
