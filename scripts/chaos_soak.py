@@ -330,11 +330,11 @@ def count_lost(lanes: Iterable[tuple[str, str, list[Record]]], kills: Sequence[K
 
 
 def rss_growth(samples: Sequence[tuple[float, float]], kills: Sequence[Kill], timeout_s: float,
-               from_s: float) -> tuple[float, float] | None:
-    """(first, last) RSS sample at or after ``from_s`` outside every kill window."""
+               from_s: float) -> tuple[float, float, float] | None:
+    """(first, last, largest) RSS sample at or after ``from_s`` outside every kill window."""
     quiet = [mb for t, mb in samples if t >= from_s and not any(
         k.at_s <= t <= k.window(timeout_s, t)[1] for k in kills)]
-    return (quiet[0], quiet[-1]) if len(quiet) >= 2 else None
+    return (quiet[0], quiet[-1], max(quiet)) if len(quiet) >= 2 else None
 
 
 def misses(figures: Figures) -> list[str]:
@@ -353,8 +353,8 @@ def misses(figures: Figures) -> list[str]:
         killed[kill["model"]] = killed.get(kill["model"], 0) + 1
         if kill["ready_s"] is None:
             found.append(f"model '{kill['model']}' was not ready again after its stub was killed")
-    for model, count in sorted(killed.items()):
-        seen = figures.restarts.get(model, 0)
+    for model in sorted(set(killed) | {m for m, n in figures.restarts.items() if n}):
+        count, seen = killed.get(model, 0), figures.restarts.get(model, 0)
         if seen != count:
             found.append(f"model '{model}': {count} kills but {seen:g} restarts in the metrics")
     if not figures.kills:
@@ -472,9 +472,11 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     figures.kills = [{"model": k.model, "instance": k.instance, "at_s": round(k.at_s - start, 1),
                       "ready_s": None if k.ready_s is None else round(k.ready_s - k.at_s, 2)}
                      for k in kills]
-    figures.restarts = {m: restarts.get(m, 0.0) for m in sorted({k.model for k in kills})}
+    figures.restarts = {m: n for m, n in sorted(restarts.items())
+                        if n or m in {k.model for k in kills}}
     growth = rss_growth(samples, kills, args.timeout_s, warm)
     figures.rss_mb = {"first": round(growth[0], 1), "last": round(growth[1], 1),
+                      "largest": round(growth[2], 1),
                       "growth": round(growth[1] - growth[0], 1)} if growth else {}
     if guard:
         figures.rss_mb["http_guard_last"] = round(guard[-1], 1)

@@ -55,7 +55,7 @@ def test_rss_growth_is_taken_from_samples_outside_the_kill_windows_after_the_war
     kills = [chaos.Kill("double", "double_0_0", at_s=100.0, ready_s=102.0)]
     samples = [(10.0, 500.0), (60.0, 300.0), (105.0, 900.0), (113.0, 320.0)]
 
-    assert chaos.rss_growth(samples, kills, timeout_s=10.0, from_s=50.0) == (300.0, 320.0)
+    assert chaos.rss_growth(samples, kills, timeout_s=10.0, from_s=50.0) == (300.0, 320.0, 320.0)
 
 
 def test_the_soak_fails_on_a_lost_request_a_restart_not_counted_or_a_model_not_back():
@@ -66,14 +66,15 @@ def test_the_soak_fails_on_a_lost_request_a_restart_not_counted_or_a_model_not_b
 
     bad = chaos.Figures(minutes=1, capacity_rps=0, rate_rps=10, lost_outside_windows=1,
                         lost_examples=["x"], kills=[{"model": "double", "ready_s": None}] * 2,
-                        restarts={"double": 1.0}, rss_mb={"growth": 64.0})
+                        restarts={"double": 1.0, "text": 1.0}, rss_mb={"growth": 64.0})
     found = chaos.misses(bad)
 
-    assert len(found) == 5
+    assert len(found) == 6
     assert "1 requests lost outside the kill windows" in found[0]
     assert "grew 64.0 MB" in found[1]
     assert "model 'double' was not ready again" in found[2]
     assert "model 'double': 2 kills but 1 restarts in the metrics" in found[4]
+    assert "model 'text': 0 kills but 1 restarts in the metrics" in found[5]  # not killed
 
 
 _ENSEMBLE = (ROOT / "tests" / "test_reliability_recovery.py").read_text().split('_ENSEMBLE = """')[1]

@@ -204,6 +204,11 @@ def _serve_until_signal(
         _start(server, start_timeout, probes)
 
 
+def _seconds_option(name: str, default: float, what: str):
+    return click.option(name, type=click.FloatRange(0.1), default=default, show_default=True,
+                        help=what)
+
+
 def _port_option(kind: str, default: int, what: str):
     return click.option(f"--{kind}-port", type=click.IntRange(0, 65535), default=default,
                         show_default=True, help=f"{what} port on 127.0.0.1 (0: a free port).")
@@ -260,7 +265,8 @@ def _port_option(kind: str, default: int, what: str):
     default=3,
     show_default=True,
     help="Foreground only: reloads of one model whose Python stub died, within "
-    "--restart-window; one more death leaves the model unloaded (reported not ready).",
+    "--restart-window; one more death unloads it (reported not ready) and retries it with "
+    "--retry-backoff.",
 )
 @click.option(
     "--restart-window",
@@ -269,21 +275,11 @@ def _port_option(kind: str, default: int, what: str):
     show_default=True,
     help="Seconds of the sliding window --model-restarts counts in.",
 )
-@click.option(
-    "--retry-backoff",
-    type=click.FloatRange(0.1),
-    default=5.0,
-    show_default=True,
-    help="Foreground only: seconds before the first retry of a model left unloaded past "
-    "--model-restarts; the delay doubles while retries fail.",
-)
-@click.option(
-    "--retry-backoff-max",
-    type=click.FloatRange(0.1),
-    default=300.0,
-    show_default=True,
-    help="Foreground only: the longest delay between retries of a model, in seconds.",
-)
+@_seconds_option("--retry-backoff", 5.0,
+                 "Foreground only: seconds before the first retry of a model unloaded past "
+                 "--model-restarts; the delay doubles while retries fail.")
+@_seconds_option("--retry-backoff-max", 300.0,
+                 "Foreground only: the longest delay between retries of a model.")
 @_port_option("forge-metrics", DEFAULT_METRICS_PORT,
               "Foreground only: model status (/status JSON, /metrics Prometheus)")
 @click.option(
