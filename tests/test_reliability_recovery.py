@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,8 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tools import process
+from tools.cli import cli
 from tools.errors import ServerError
 from tools.serve import health
 from tools.serve.faults import HttpLoad
@@ -270,6 +273,21 @@ def test_tools_serve_retries_a_model_past_its_budget_and_reports_it_on_its_statu
     assert any("model 'toy_text' unloaded" in l and "retrying in 1 s" in l for l in errors)
     assert any("model 'toy_text' loaded again by a retry" in l for l in errors)
     assert code == 0, errors
+
+
+def test_tools_serve_refuses_a_status_port_in_use_in_one_line_before_starting_a_server(
+    toy_repository
+):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--repository", str(toy_repository),
+                                          "--forge-metrics-port", str(port)])
+
+    assert result.exit_code == 1
+    assert f"port {port} (forge metrics) is already in use on 127.0.0.1" in result.output
+    assert "tritonserver ready" not in result.output
 
 
 class _FakeServer:

@@ -292,7 +292,8 @@ class ModelRecovery:
     # ---- acting
 
     def _track(self, model: str) -> _Track:
-        return self._tracks.setdefault(model, _Track())
+        with self._lock:  # status() iterates the tracks from another thread
+            return self._tracks.setdefault(model, _Track())
 
     def _count_restart(self, model: str, failed: bool) -> None:
         with self._lock:
