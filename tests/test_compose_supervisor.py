@@ -6,6 +6,7 @@ test supervises a real tritonserver and kills one of its Python stubs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -164,8 +165,10 @@ def test_supervisor_without_model_control_stops_tritonserver_and_exits_1_when_a_
 
         os.kill(toy_text, signal.SIGKILL)
         code = proc.wait(timeout=90)
-        time.sleep(0.5)
-        leftovers = [p.pid for p in process.group_members(proc.pid)]
+        deadline = time.monotonic() + 5  # the killed server's stubs may take a moment to go
+        while (leftovers := [p.pid for p in process.group_members(proc.pid)]) and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
     finally:
         process.stop(proc, grace_s=10)
         process.remove_shm_regions(regions)  # the killed stub's region stays behind
@@ -272,3 +275,14 @@ def test_supervisor_reloads_only_the_model_whose_stub_died_and_keeps_serving(toy
     # unloads every model at once but then waits out --exit-timeout-secs for the dead
     # instance, and exits 1 ("Exit timeout expired"), as it does under `tools serve`.
     assert code == 1 and "Exit timeout expired" in text, text[-2000:]
+
+
+def test_status_endpoint_binds_where_triton_serves_its_metrics():
+    spec = importlib.util.spec_from_file_location("triton_supervisor", SUPERVISOR)
+    supervisor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(supervisor)
+
+    assert supervisor.metrics_address(["tritonserver", "--metrics-port=8002"]) == "0.0.0.0"
+    assert supervisor.metrics_address(["tritonserver", "--http-address=10.1.2.3"]) == "10.1.2.3"
+    assert supervisor.metrics_address(["tritonserver", "--http-address", "10.1.2.3",
+                                       "--metrics-address=127.0.0.1"]) == "127.0.0.1"
