@@ -31,7 +31,6 @@ import argparse
 import itertools
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -199,10 +198,17 @@ def affected(model: str, configs: Mapping[str, Mapping[str, Any]]) -> set[str]:
 
 
 class Serve:
-    """``tools serve`` on free ports, as a subprocess; endpoints read from its output."""
+    """``tools serve`` on free ports, as a subprocess; endpoints read from its output, and the
+    tritonserver pid followed across whole-server restarts (``tools serve`` restarts a
+    tritonserver that exits by itself on the same ports).
+
+    Attributes:
+        pid: The running tritonserver.
+        starts: How many times a tritonserver became ready (1 + whole-server restarts).
+    """
 
     def __init__(self, repository: Path, log_path: Path, start_timeout_s: float = 600) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
+        self.log_path = log_path
         self._log = log_path.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tools.cli", "serve", "--repository", str(repository),
@@ -210,24 +216,54 @@ class Serve:
              "--forge-metrics-port", "0", "--exit-timeout", "5"],
             stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
             cwd=Path(__file__).resolve().parents[1])
-        threading.Thread(target=lambda: [self.lines.put(l.rstrip("\n")) for l in self.proc.stdout],
-                         daemon=True).start()
-        found: dict[str, str] = {}
-        deadline = time.monotonic() + start_timeout_s
-        while "status" not in found:
+        self.pid, self.starts, self.http, self.status_url = 0, 0, "", ""
+        announced = threading.Event()
+
+        def follow() -> None:
+            for line in self.proc.stdout:
+                if m := re.match(r"^tritonserver ready: pid (\d+), log (.+)$", line.rstrip()):
+                    self.pid, self.starts = int(m.group(1)), self.starts + 1
+                    if self.starts == 1:
+                        threading.Thread(target=self._keep_log, args=(Path(m.group(2)),),
+                                         daemon=True).start()
+                elif m := re.match(r"^http\s+(\S+)$", line.strip()):
+                    self.http = m.group(1)
+                elif m := re.match(r"^status\s+(\S+)/status,", line):
+                    self.status_url = m.group(1)
+                    announced.set()
+
+        threading.Thread(target=follow, daemon=True).start()
+        if not announced.wait(start_timeout_s):
+            self.stop()
+            raise SystemExit(f"tools serve not ready after {start_timeout_s:g} s "
+                             f"(its log: {log_path})")
+
+    def _keep_log(self, server_log: Path) -> None:
+        """Copy tritonserver's log next to ``log_path`` as it grows: a restarted server starts
+        its log anew, and the crash that made it restart would be lost."""
+        kept, offset = self.log_path.with_suffix(".tritonserver.log").open("ab"), 0
+        while self.proc.poll() is None:
             try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                self.stop()
-                raise SystemExit(f"tools serve not ready after {start_timeout_s:g} s "
-                                 f"(its log: {log_path})") from None
-            if m := re.match(r"^tritonserver ready: pid (\d+)", line):
-                found["pid"] = m.group(1)
-            elif m := re.match(r"^(http|status)\s+(\S+?),?$", line.split(",")[0]):
-                found[m.group(1)] = m.group(2)
-        self.pid = int(found["pid"])
-        self.http = found["http"]
-        self.status_url = found["status"].removesuffix("/status")
+                size = server_log.stat().st_size
+                if size < offset:  # started anew
+                    kept.write(b"\n---- tritonserver restarted: a new log ----\n")
+                    offset = 0
+                with server_log.open("rb") as log:
+                    log.seek(offset)
+                    chunk = log.read()
+                kept.write(chunk)
+                kept.flush()
+                offset += len(chunk)
+            except OSError:
+                pass
+            time.sleep(0.2)
+        kept.close()
+
+    def restart_reasons(self) -> list[str]:
+        """Why ``tools serve`` restarted tritonserver, one line each (from its log)."""
+        self._log.flush()
+        return [line.strip() for line in self.log_path.read_text(errors="replace").splitlines()
+                if "restarting the server" in line]
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.status_url}/status", timeout=5) as response:
@@ -287,6 +323,7 @@ class Figures:
     lost_examples: list[str] = field(default_factory=list)
     excused_in_windows: int = 0
     kills: list[dict] = field(default_factory=list)
+    server_restarts: list[str] = field(default_factory=list)
     restarts: dict[str, float] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)
     misses: list[str] = field(default_factory=list)
@@ -340,6 +377,9 @@ def rss_growth(samples: Sequence[tuple[float, float]], kills: Sequence[Kill], ti
 def misses(figures: Figures) -> list[str]:
     """The targets ``figures`` misses, one line each."""
     found = []
+    if figures.server_restarts:
+        found.append(f"tritonserver restarted {len(figures.server_restarts)} times: "
+                     f"{figures.server_restarts[0]}")
     if figures.lost_outside_windows:
         found.append(f"{figures.lost_outside_windows} requests lost outside the kill windows "
                      f"(target 0), e.g. {figures.lost_examples[:2]}")
@@ -362,11 +402,18 @@ def misses(figures: Figures) -> list[str]:
     return found
 
 
-def _kill_and_wait(serve: Serve, model: str, recovery_limit_s: float) -> Kill:
-    instances = sorted(i for i in process.stub_processes(serve.pid) if instance_model(i) == model)
-    if not instances:
-        raise SystemExit(f"model '{model}' has no Python stub to kill")
-    pid = process.stub_processes(serve.pid)[instances[0]]
+def _kill_and_wait(serve: Serve, model: str, recovery_limit_s: float) -> Kill | None:
+    """Kill the first stub of ``model`` and wait until it is ready again; None when the model
+    has no stub for ``recovery_limit_s`` (tritonserver itself is restarting)."""
+    deadline = time.monotonic() + recovery_limit_s
+    while not (instances := sorted(i for i in process.stub_processes(serve.pid)
+                                   if instance_model(i) == model)):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+    pid = process.stub_processes(serve.pid).get(instances[0])
+    if pid is None:
+        return None
     kill = Kill(model, instances[0], time.monotonic())
     os.kill(pid, signal.SIGKILL)
     deadline = kill.at_s + recovery_limit_s
@@ -447,12 +494,16 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     next_kill = warm + args.kill_every
     while next_kill <= start + duration - args.quiet_tail_s:
         time.sleep(max(0.0, next_kill - time.monotonic()))
-        kill = _kill_and_wait(serve, next(stub_models), args.recovery_limit_s)
+        model = next(stub_models)
+        kill = _kill_and_wait(serve, model, args.recovery_limit_s)
+        next_kill += args.kill_every
+        if kill is None:
+            say(f"+{time.monotonic() - start:.0f} s: {model} has no stub to kill; skipped")
+            continue
         kills.append(kill)
         say(f"+{kill.at_s - start:.0f} s: killed {kill.instance}: "
             + (f"ready again after {kill.ready_s - kill.at_s:.1f} s" if kill.ready_s
                else f"not ready after {args.recovery_limit_s:g} s"))
-        next_kill += args.kill_every
     records = [(lane.model, lane.kind, lane.join()) for lane in lanes]
     end = time.monotonic()
     stop.set()
@@ -472,6 +523,7 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     figures.kills = [{"model": k.model, "instance": k.instance, "at_s": round(k.at_s - start, 1),
                       "ready_s": None if k.ready_s is None else round(k.ready_s - k.at_s, 2)}
                      for k in kills]
+    figures.server_restarts = serve.restart_reasons()
     figures.restarts = {m: n for m, n in sorted(restarts.items())
                         if n or m in {k.model for k in kills}}
     growth = rss_growth(samples, kills, args.timeout_s, warm)

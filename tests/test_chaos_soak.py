@@ -66,15 +66,17 @@ def test_the_soak_fails_on_a_lost_request_a_restart_not_counted_or_a_model_not_b
 
     bad = chaos.Figures(minutes=1, capacity_rps=0, rate_rps=10, lost_outside_windows=1,
                         lost_examples=["x"], kills=[{"model": "double", "ready_s": None}] * 2,
-                        restarts={"double": 1.0, "text": 1.0}, rss_mb={"growth": 64.0})
+                        restarts={"double": 1.0, "text": 1.0}, rss_mb={"growth": 64.0},
+                        server_restarts=["tritonserver exited unexpectedly (exit code -11)"])
     found = chaos.misses(bad)
 
-    assert len(found) == 6
-    assert "1 requests lost outside the kill windows" in found[0]
-    assert "grew 64.0 MB" in found[1]
-    assert "model 'double' was not ready again" in found[2]
-    assert "model 'double': 2 kills but 1 restarts in the metrics" in found[4]
-    assert "model 'text': 0 kills but 1 restarts in the metrics" in found[5]  # not killed
+    assert len(found) == 7
+    assert "tritonserver restarted 1 times: tritonserver exited unexpectedly" in found[0]
+    assert "1 requests lost outside the kill windows" in found[1]
+    assert "grew 64.0 MB" in found[2]
+    assert "model 'double' was not ready again" in found[3]
+    assert "model 'double': 2 kills but 1 restarts in the metrics" in found[5]
+    assert "model 'text': 0 kills but 1 restarts in the metrics" in found[6]  # not killed
 
 
 _ENSEMBLE = (ROOT / "tests" / "test_reliability_recovery.py").read_text().split('_ENSEMBLE = """')[1]
