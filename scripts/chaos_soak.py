@@ -276,11 +276,16 @@ class Serve:
         return {m: float(v) for m, v in re.findall(rf'^{name}{{model="([^"]+)"}} (\S+)$', text,
                                                     re.MULTILINE)}
 
-    def rss_mb(self) -> tuple[float, float]:
-        """(tritonserver + its stubs, everything else tools serve runs: the HTTP guard) in MB."""
-        served = [self.pid, *process.stub_processes(self.pid).values()]
-        others = [p.pid for p in process.descendants(self.proc.pid) if p.pid not in served]
-        return faults.sample(served).rss_bytes / 1e6, faults.sample(others).rss_bytes / 1e6
+    def rss_mb(self) -> dict[str, float]:
+        """RSS in MB by role: ``tritonserver``, ``stubs <model>`` (its instances summed), and
+        ``others`` (what else tools serve runs: the HTTP guard)."""
+        stubs = process.stub_processes(self.pid)
+        roles: dict[str, list[int]] = {"tritonserver": [self.pid]}
+        for instance, pid in stubs.items():
+            roles.setdefault(f"stubs {instance_model(instance)}", []).append(pid)
+        roles["others"] = [p.pid for p in process.descendants(self.proc.pid)
+                           if p.pid != self.pid and p.pid not in stubs.values()]
+        return {role: faults.sample(pids).rss_bytes / 1e6 for role, pids in roles.items()}
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -326,6 +331,8 @@ class Figures:
     server_restarts: list[str] = field(default_factory=list)
     restarts: dict[str, float] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)
+    rss_by_role_mb: dict[str, list[float]] = field(default_factory=dict)  # [after warm-up, end]
+    lost_kinds: dict[str, int] = field(default_factory=dict)
     misses: list[str] = field(default_factory=list)
 
 
@@ -346,11 +353,11 @@ def lost(record: Record, kind: str) -> bool:
 
 def count_lost(lanes: Iterable[tuple[str, str, list[Record]]], kills: Sequence[Kill],
                configs: Mapping[str, Mapping[str, Any]], counted_from_s: float,
-               timeout_s: float, end_s_: float) -> tuple[int, int, list[str]]:
-    """(lost outside the kill windows, excused inside them, a few lost examples) of lanes
-    given as (model, kind, records)."""
+               timeout_s: float, end_s_: float) -> tuple[int, int, list[str], dict[str, int]]:
+    """(lost outside the kill windows, excused inside them, a few lost examples, how many of
+    each kind of error were lost outside) of lanes given as (model, kind, records)."""
     windows = [(affected(k.model, configs), *k.window(timeout_s, end_s_)) for k in kills]
-    outside, excused, examples = 0, 0, []
+    outside, excused, examples, kinds = 0, 0, [], {}
     for model, kind, records in lanes:
         for record in records:
             if record.start_s < counted_from_s or not lost(record, kind):
@@ -360,10 +367,12 @@ def count_lost(lanes: Iterable[tuple[str, str, list[Record]]], kills: Sequence[K
                 excused += 1
                 continue
             outside += 1
+            what = f"{model} ({kind}): " + re.sub(r"\d+", "N", record.error)[:90]
+            kinds[what] = kinds.get(what, 0) + 1
             if len(examples) < 5:
                 examples.append(f"{model} ({kind}) at +{record.start_s - counted_from_s:.1f} s: "
                                 f"{record.error}")
-    return outside, excused, examples
+    return outside, excused, examples, dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def rss_growth(samples: Sequence[tuple[float, float]], kills: Sequence[Kill], timeout_s: float,
@@ -470,15 +479,15 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     say(f"soak: {rate:.1f} req/s for {args.minutes:g} min ({BAD_SHARE:.0%} bad requests); "
         f"a stub killed every {args.kill_every:g} s")
 
-    samples: list[tuple[float, float]] = []
-    guard: list[float] = []
+    samples: list[tuple[float, float]] = []  # (time, tritonserver + stubs)
+    by_role: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
 
     def sample_rss() -> None:
         while not stop.is_set():
-            served, others = serve.rss_mb()
-            samples.append((time.monotonic(), served))
-            guard.append(others)
+            roles, now = serve.rss_mb(), time.monotonic()
+            samples.append((now, sum(mb for role, mb in roles.items() if role != "others")))
+            by_role.append((now, roles))
             stop.wait(_RSS_EVERY_S)
 
     sampler = threading.Thread(target=sample_rss, daemon=True)
@@ -518,8 +527,8 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
             answers = figures.bad_answers.setdefault(model, {})
             for code in (_status_code(r) for r in recs if r.start_s >= warm):
                 answers[str(code or "none")] = answers.get(str(code or "none"), 0) + 1
-    figures.lost_outside_windows, figures.excused_in_windows, figures.lost_examples = count_lost(
-        records, kills, configs, warm, args.timeout_s, end)
+    (figures.lost_outside_windows, figures.excused_in_windows, figures.lost_examples,
+     figures.lost_kinds) = count_lost(records, kills, configs, warm, args.timeout_s, end)
     figures.kills = [{"model": k.model, "instance": k.instance, "at_s": round(k.at_s - start, 1),
                       "ready_s": None if k.ready_s is None else round(k.ready_s - k.at_s, 2)}
                      for k in kills]
@@ -530,8 +539,11 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     figures.rss_mb = {"first": round(growth[0], 1), "last": round(growth[1], 1),
                       "largest": round(growth[2], 1),
                       "growth": round(growth[1] - growth[0], 1)} if growth else {}
-    if guard:
-        figures.rss_mb["http_guard_last"] = round(guard[-1], 1)
+    if growth and by_role:
+        first = next(roles for t, roles in by_role if t >= warm)
+        last = by_role[-1][1]
+        figures.rss_by_role_mb = {role: [round(first.get(role, 0.0), 1), round(mb, 1)]
+                                  for role, mb in sorted(last.items())}
     figures.misses = misses(figures)
     return figures
 

@@ -44,11 +44,13 @@ def test_only_failures_of_affected_models_overlapping_the_kill_window_are_excuse
         ("text", "bad", [Record(30.0, 10_000.0, False, "client timeout")]),  # in the warm-up
     ]
 
-    outside, excused, examples = chaos.count_lost(lanes, [kill], CONFIGS, counted_from_s=40.0,
+    outside, excused, examples, kinds = chaos.count_lost(lanes, [kill], CONFIGS, counted_from_s=40.0,
                                                   timeout_s=10.0, end_s_=200.0)
 
     assert (outside, excused) == (2, 2)  # pipe at 111.5 (after the window) and text at 100.5
     assert any(e.startswith("pipe (valid) at +71.5 s") for e in examples)
+    assert kinds == {"pipe (valid): HTTP N stub not healthy": 1,
+                     "text (valid): HTTP N stub not healthy": 1}
 
 
 def test_rss_growth_is_taken_from_samples_outside_the_kill_windows_after_the_warm_up():
