@@ -53,6 +53,13 @@ def test_only_failures_of_affected_models_overlapping_the_kill_window_are_excuse
                      "text (valid): HTTP N stub not healthy": 1}
 
 
+def test_a_lane_reuses_each_connection_well_within_the_guards_idle_timeout():
+    for rate in (0.05, 0.36, 2.6, 40.0, 900.0):
+        connections = chaos.lane_connections(rate, timeout_s=10.0)
+        assert connections >= 1 and (connections == 1 or connections / rate <= 15.0)
+    assert chaos.lane_connections(40.0, timeout_s=10.0) == 402  # room for 10 s of requests
+
+
 def test_rss_growth_is_taken_from_samples_outside_the_kill_windows_after_the_warm_up():
     kills = [chaos.Kill("double", "double_0_0", at_s=100.0, ready_s=102.0)]
     samples = [(10.0, 500.0), (60.0, 300.0), (105.0, 900.0), (113.0, 320.0)]
