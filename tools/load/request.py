@@ -99,8 +99,12 @@ class Request:
 def _json_tensor(name: str, array: np.ndarray) -> dict[str, Any]:
     dtype = triton_dtype(array)
     if dtype == "BYTES":
-        data: list[Any] = [v.decode("utf-8") if isinstance(v, bytes) else str(v)
-                           for v in array.reshape(-1)]
+        try:
+            data: list[Any] = [v.decode("utf-8") if isinstance(v, bytes) else str(v)
+                               for v in array.reshape(-1)]
+        except UnicodeDecodeError:
+            raise ValueError(f"input {name!r} holds bytes that are not UTF-8: KServe JSON cannot "
+                             f"carry them (send binary tensors: the grpc or http sender)") from None
     else:
         data = array.reshape(-1).tolist()
     return {"name": name, "shape": list(array.shape), "datatype": dtype, "data": data}
