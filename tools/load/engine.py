@@ -162,12 +162,13 @@ class Background:
 
     Args:
         requests, sender, pacing: As for ``run``.
+        records: The list to fill (default: a new one).
         **options: ``duration_s``, ``warmup_s``, ``max_requests``, ``meters``.
     """
 
-    def __init__(self, requests: Sequence[Request], sender: Sender, pacing: Pacing,
-                 **options: Any) -> None:
-        self.records: list[stats.Record] = []
+    def __init__(self, requests: Sequence[Request], sender: Sender, pacing: Pacing, *,
+                 records: list[stats.Record] | None = None, **options: Any) -> None:
+        self.records: list[stats.Record] = records if records is not None else []
         self.point: Point | None = None
         self._stop = threading.Event()
         self._error: BaseException | None = None
