@@ -176,3 +176,24 @@ def test_binary_bytes_cannot_go_as_kserve_json_and_the_message_says_what_to_use(
 def test_an_unknown_protocol_names_the_known_ones():
     with pytest.raises(ValueError, match="known: grpc, http, raw-http"):
         sender_for("quic", "127.0.0.1:1")
+
+
+@pytest.mark.server
+def test_the_triton_meter_reads_the_window_after_the_warmup_for_every_model(toy_server):
+    point = run([_double()], sender_for("grpc", toy_server.grpc_url), OpenLoop(20.0),
+                warmup_s=1.0, duration_s=1.0, meters=[TritonStats(toy_server.http_url)])
+
+    # 20 requests scheduled in the warm-up, 20 after: Triton's window holds only the latter
+    assert abs(point.models["toy_double"].requests - 20) <= 2, point.models
+    assert point.models["toy_double"].mean_batch >= 1.0
+    assert point.to_dict()["meters"]["triton"]["toy_double"]["requests"] == \
+        point.models["toy_double"].requests
+
+
+@pytest.mark.server
+def test_a_meter_that_fails_is_reported_and_the_load_goes_on(toy_server):
+    point = run([_double()], sender_for("raw-http", toy_server.http_url), ClosedLoop(1),
+                duration_s=0.5, meters=[TritonStats("127.0.0.1:1")])
+
+    assert point.requests > 0 and point.errors == 0
+    assert point.models == {} and "triton" in point.meter_errors

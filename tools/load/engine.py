@@ -104,31 +104,41 @@ async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing,
                   max_requests=max_requests, stop=stop)
         if records is not None:
             run.records = records
-        started = asyncio.ensure_future(_start_meters(meters, run.window.start_s, run.clock))
+        errors: dict[str, str] = {}
+        started = asyncio.ensure_future(_start_meters(meters, run.window.start_s, run.clock,
+                                                      errors))
         try:
             await pacing.drive(run)
         finally:
             if not started.done():
                 started.cancel()  # the run ended before its window began: nothing to meter
-            (outcome,) = await asyncio.gather(started, return_exceptions=True)
-        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
-            raise outcome
+            await asyncio.gather(started, return_exceptions=True)
         figures: dict[str, Any] = {}
-        if outcome is None:
-            for meter in meters:
+        for meter in meters if not started.cancelled() else ():
+            if meter.name in errors:
+                continue
+            try:
                 figures[meter.name] = await asyncio.to_thread(meter.stop)
+            except Exception as exc:  # noqa: BLE001 - a meter never fails the load
+                errors[meter.name] = _one_line(exc)
     finally:
         await sender.close()
     models = sorted({r.model for r in requests})
-    return Point.from_records(run.records, run.measured_window(), model=",".join(models),
-                              protocol=sender.protocol, concurrency=pacing.concurrency,
-                              offered_rps=pacing.offered_rps, meters=figures)
+    point = Point.from_records(run.records, run.measured_window(), model=",".join(models),
+                               protocol=sender.protocol, concurrency=pacing.concurrency,
+                               offered_rps=pacing.offered_rps, meters=figures)
+    point.meter_errors = errors
+    return point
 
 
-async def _start_meters(meters: Sequence[Meter], at: float, clock: Any) -> None:
+async def _start_meters(meters: Sequence[Meter], at: float, clock: Any,
+                        errors: dict[str, str]) -> None:
     await asyncio.sleep(max(0.0, at - clock()))
     for meter in meters:
-        await asyncio.to_thread(meter.start)
+        try:
+            await asyncio.to_thread(meter.start)
+        except Exception as exc:  # noqa: BLE001 - a meter never fails the load
+            errors[meter.name] = _one_line(exc)
 
 
 def run(requests: Sequence[Request], sender: Sender, pacing: Pacing, *, duration_s: float,
@@ -145,7 +155,8 @@ def run(requests: Sequence[Request], sender: Sender, pacing: Pacing, *, duration
         max_requests: Send at most this many requests inside the window; the window then
             ends when the last of them completes.
         meters: Started at the window's start, stopped after the load; their figures go into
-            ``Point.meters`` by name.
+            ``Point.meters`` by name (a meter that fails is left out, its error in
+            ``Point.meter_errors``: it never fails the load).
         stop: When set, nothing more is sent (requests in flight finish or time out) and the
             window ends there.
 

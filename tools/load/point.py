@@ -36,6 +36,7 @@ class Point:
         first_error: The first counted failure's one-line message, else empty.
         meters: Meter name -> what it measured over the window (``triton``: Triton's
             per-model window; ``cores``: CPU share per role; ...).
+        meter_errors: Meter name -> why it measured nothing (its reading failed).
         summary: The window's full ``tools.stats.Summary`` (not serialised).
         records: Every request of the run, warm-up included (not serialised).
     """
@@ -52,6 +53,7 @@ class Point:
     p99_ms: float | None
     first_error: str = ""
     meters: dict[str, Any] = field(default_factory=dict)
+    meter_errors: dict[str, str] = field(default_factory=dict)
     summary: stats.Summary | None = field(default=None, repr=False, compare=False)
     records: tuple[stats.Record, ...] = field(default=(), repr=False, compare=False)
 
@@ -99,6 +101,7 @@ class Point:
             "seconds": self.seconds, "throughput": self.throughput, "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms, "first_error": self.first_error,
             "error_ratio": self.error_ratio, "meters": _plain(self.meters),
+            **({"meter_errors": dict(self.meter_errors)} if self.meter_errors else {}),
         }
 
 

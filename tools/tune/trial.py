@@ -10,7 +10,6 @@ import contextlib
 import io
 import os
 import shutil
-import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -110,30 +109,12 @@ def measure_point(plan: LoadPlan, url: str, stats_url: str, texts: Sequence[str]
                   pipeline: str, encoder: str) -> Point:
     """One closed-loop point with ``tools bench``'s load, and Triton's view of every model.
 
-    Triton's counters are read at the end of the warm-up (a timer beside the load) and at the
-    end, so the mean executed batch and the queue/compute split cover each model of the pipeline.
+    Triton's counters are metered over the measured window (``tools.load.TritonStats``), so the
+    mean executed batch and the queue/compute split cover each model of the pipeline.
     """
-    snapshots: dict[str, Any] = {}
-
-    def before() -> None:
-        try:
-            snapshots["before"] = triton_stats.fetch_statistics(stats_url, "http")
-        except Exception as exc:  # noqa: BLE001 - reported with the point, the load goes on
-            snapshots["error"] = exc
-
-    timer = threading.Timer(plan.warmup_s, before)
-    timer.start()
-    try:
-        result = measure_served(plan.protocol, url, stats_url, texts, concurrency,
-                                warmup_s=plan.warmup_s, duration_s=plan.duration_s,
-                                pipeline=pipeline, encoder_model=encoder)
-    finally:
-        timer.cancel()
-        timer.join()
-    models = {}
-    if "before" in snapshots:
-        after = triton_stats.fetch_statistics(stats_url, "http")
-        models = _model_figures(triton_stats.window(snapshots["before"], after))
+    result = measure_served(plan.protocol, url, stats_url, texts, concurrency,
+                            warmup_s=plan.warmup_s, duration_s=plan.duration_s, pipeline=pipeline)
+    models = _model_figures(result.models)
     count = result.requests + result.errors
     ratio = result.errors / count if count else 0.0
     return Point(concurrency, result.requests, result.errors, ratio, result.throughput,
