@@ -76,7 +76,7 @@ def test_every_server_gets_the_same_http_sender_and_fastapi_its_own_path(compare
     texts = ["ein Satz"]
     triton, sender, _ = compare.load_for("triton", "http", "127.0.0.1:1", texts, 5.0)
     fastapi, other, _ = compare.load_for("fastapi", "http", "127.0.0.1:1", texts, 5.0)
-    assert type(sender) is type(other) and sender.protocol == "raw-http"
+    assert type(sender) is type(other) and (sender.kind, sender.protocol) == ("raw-http", "http")
     assert sender.prepare(triton[0]).startswith(b"POST /v2/models/text_embedding/infer HTTP/1.1")
     assert other.prepare(fastapi[0]).startswith(b"POST /embed HTTP/1.1")
     assert other.prepare(fastapi[0]).endswith(b'\r\n\r\n{"text": "ein Satz"}')

@@ -173,7 +173,7 @@ def test_binary_bytes_cannot_go_as_kserve_json_and_the_message_says_what_to_use(
         request.http_body()
 
 
-def test_an_unknown_protocol_names_the_known_ones():
+def test_an_unknown_sender_names_the_known_ones():
     with pytest.raises(ValueError, match="known: grpc, http, raw-http"):
         sender_for("quic", "127.0.0.1:1")
 

@@ -24,7 +24,8 @@ class Point:
 
     Attributes:
         model: The model the requests went to (several: joined with ``,``).
-        protocol: The sender's protocol (``grpc``, ``http``, ``raw-http``).
+        protocol: The wire protocol (``grpc``, ``http``; the raw HTTP sender's is ``http``),
+            or the label the caller gave the run (``http-unguarded``).
         concurrency: Closed loop: requests kept in flight; 0 for an open loop.
         offered_rps: Open loop: the arrival rate (requests/s); None for a closed loop.
         requests: Successful counted requests.

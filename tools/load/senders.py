@@ -24,7 +24,7 @@ class SendError(Exception):
 
 
 class Sender(ABC):
-    """One client backend. Subclasses set ``protocol`` and implement the four steps.
+    """One client backend. Subclasses set ``kind`` and ``protocol`` and implement the steps.
 
     Args:
         url: ``host:port`` of the endpoint.
@@ -33,7 +33,8 @@ class Sender(ABC):
         check: Called with each successful response; raising counts the request as failed.
     """
 
-    protocol: ClassVar[str] = ""
+    kind: ClassVar[str] = ""  # the name ``sender_for`` knows it by
+    protocol: ClassVar[str] = ""  # the wire protocol a ``Point`` reports
 
     def __init__(self, url: str, *, timeout_s: float | None = None,
                  check: Callable[[Any], None] | None = None) -> None:
@@ -68,7 +69,7 @@ class Sender(ABC):
 class TritonGrpc(Sender):
     """``tritonclient.grpc.aio``: one channel, binary tensors."""
 
-    protocol = "grpc"
+    kind = protocol = "grpc"
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
@@ -109,7 +110,7 @@ class TritonGrpc(Sender):
 class TritonHttp(Sender):
     """``tritonclient.http.aio``: a keep-alive pool of ``slots`` connections, binary tensors."""
 
-    protocol = "http"
+    kind = protocol = "http"
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
@@ -197,7 +198,7 @@ class RawHttp(Sender):
         check: Called with each 200 answer's body.
     """
 
-    protocol = "raw-http"
+    kind, protocol = "raw-http", "http"
 
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None,
                  timeout_s: float | None = 10.0,
@@ -258,17 +259,17 @@ class RawHttp(Sender):
         self._connections = []
 
 
-SENDERS: dict[str, type[Sender]] = {s.protocol: s for s in (TritonGrpc, TritonHttp, RawHttp)}
+SENDERS: dict[str, type[Sender]] = {s.kind: s for s in (TritonGrpc, TritonHttp, RawHttp)}
 
 
-def sender_for(protocol: str, url: str, **options: Any) -> Sender:
-    """A sender of ``protocol`` (``grpc``, ``http``, ``raw-http``) to ``url``.
+def sender_for(kind: str, url: str, **options: Any) -> Sender:
+    """A sender of ``kind`` (``grpc``, ``http``, ``raw-http``) to ``url``.
 
     Raises:
-        ValueError: an unknown protocol (naming the known ones).
+        ValueError: an unknown kind (naming the known ones).
     """
     try:
-        kind = SENDERS[protocol]
+        sender = SENDERS[kind]
     except KeyError:
-        raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(SENDERS)})") from None
-    return kind(url, **options)
+        raise ValueError(f"unknown sender {kind!r} (known: {', '.join(SENDERS)})") from None
+    return sender(url, **options)
