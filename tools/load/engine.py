@@ -36,12 +36,12 @@ class Run:
     """
 
     def __init__(self, sender: Sender, prepared: Sequence[Any], *, warmup_s: float,
-                 duration_s: float, max_requests: int | None,
-                 stop: threading.Event | None) -> None:
+                 duration_s: float, max_requests: int | None, stop: threading.Event | None,
+                 records: list[stats.Record] | None = None) -> None:
         self.clock = time.monotonic
         self.start = self.clock()
         self.window = stats.Window(self.start + warmup_s, self.start + warmup_s + duration_s)
-        self.records: list[stats.Record] = []
+        self.records: list[stats.Record] = records if records is not None else []
         self._sender = sender
         self._prepared = prepared
         self._next = 0
@@ -94,16 +94,15 @@ async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing,
                     duration_s: float, warmup_s: float = 0.0, max_requests: int | None = None,
                     meters: Sequence[Meter] = (), stop: threading.Event | None = None,
                     records: list[stats.Record] | None = None) -> Point:
-    """Run one load on the running event loop and measure it (see ``run``)."""
+    """Run one load on the running event loop and measure it (see ``run``); ``records``, when
+    given, is the list the run fills (a caller may read it while the run goes on)."""
     if not requests:
         raise ValueError("a load needs at least one request")
     prepared = [sender.prepare(r) for r in requests]
     await sender.open(pacing.slots)
     try:
         run = Run(sender, prepared, warmup_s=warmup_s, duration_s=duration_s,
-                  max_requests=max_requests, stop=stop)
-        if records is not None:
-            run.records = records
+                  max_requests=max_requests, stop=stop, records=records)
         errors: dict[str, str] = {}
         started = asyncio.ensure_future(_start_meters(meters, run.window.start_s, run.clock,
                                                       errors))
@@ -124,11 +123,10 @@ async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing,
     finally:
         await sender.close()
     models = sorted({r.model for r in requests})
-    point = Point.from_records(run.records, run.measured_window(), model=",".join(models),
-                               protocol=sender.protocol, concurrency=pacing.concurrency,
-                               offered_rps=pacing.offered_rps, meters=figures)
-    point.meter_errors = errors
-    return point
+    return Point.from_records(run.records, run.measured_window(), model=",".join(models),
+                              protocol=sender.protocol, concurrency=pacing.concurrency,
+                              offered_rps=pacing.offered_rps, meters=figures,
+                              meter_errors=errors)
 
 
 async def _start_meters(meters: Sequence[Meter], at: float, clock: Any,

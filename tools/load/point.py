@@ -61,7 +61,8 @@ class Point:
     @classmethod
     def from_records(cls, records: Sequence[stats.Timed], window: stats.Window, *, model: str,
                      protocol: str, concurrency: int = 0, offered_rps: float | None = None,
-                     meters: Mapping[str, Any] | None = None) -> Point:
+                     meters: Mapping[str, Any] | None = None,
+                     meter_errors: Mapping[str, str] | None = None) -> Point:
         """Apply the window rule to raw ``records`` and keep the figures every report prints.
 
         Args:
@@ -72,10 +73,12 @@ class Point:
             concurrency: Closed loop's in-flight count (0 for an open loop).
             offered_rps: Open loop's rate (None for a closed loop).
             meters: What the meters measured.
+            meter_errors: Meters that measured nothing, and why.
         """
         summary = stats.summarize(records, window)
         return cls(model=model, protocol=protocol, concurrency=concurrency,
-                   offered_rps=offered_rps, meters=dict(meters or {}), summary=summary,
+                   offered_rps=offered_rps, meters=dict(meters or {}),
+                   meter_errors=dict(meter_errors or {}), summary=summary,
                    records=tuple(records), **summary.point_figures())
 
     @property
