@@ -8,6 +8,7 @@ and the tail target (P99 at half of the best served throughput over P99 at concu
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from collections.abc import Mapping, Sequence
@@ -293,8 +294,6 @@ def _pipeline_figures(run: BenchRun, name: str) -> dict[str, Any]:
 
 def payload(run: BenchRun, table: str, variants: str) -> dict[str, Any]:
     """bench.json: the run's conditions, every figure, the tables."""
-    import os
-
     plan = run.plan
     per_pipeline = {t.name: _pipeline_figures(run, t.name) for t in run.targets}
     first = per_pipeline[run.targets[0].name]
