@@ -328,10 +328,11 @@ def test_http_input_size_is_bounded_below_tritons_default(triton):
     assert 0 < int(size) < 64 << 20
 
 
-def test_triton_publishes_http_grpc_and_metrics_ports(triton):
+def test_triton_publishes_http_grpc_metrics_and_the_supervisors_status_ports(triton):
     published = {p.rsplit(":", 1)[-1]: p for p in triton["ports"]}
 
-    assert set(published) == {"8000", "8001", "8002"}
+    assert set(published) == {"8000", "8001", "8002", "8003"}
+    assert triton["environment"]["FORGE_METRICS_PORT"] == "8003"
     assert all(p.startswith("${TRITON_BIND_IP:-127.0.0.1}:") for p in published.values())
     assert [_flag(triton["command"], f"--{k}-port") for k in ("http", "grpc", "metrics")] == [
         ["8000"], ["8001"], ["8002"]]
@@ -397,9 +398,9 @@ def test_gpu_reservation_lives_only_in_the_override(compose):
 
 def test_prometheus_scrapes_tritons_metrics_port(compose):
     config = _load(ROOT / "docker" / "prometheus.yml")
-    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton"]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton-forge"]
 
-    assert [t for c in job["static_configs"] for t in c["targets"]] == ["triton:8002"]
+    assert [t for c in job["static_configs"] for t in c["targets"]][0] == "triton:8002"
     mount = compose["services"]["prometheus"]["volumes"][0]
     assert (ROOT / mount["source"]).resolve() == (ROOT / "docker" / "prometheus.yml").resolve()
 
@@ -454,3 +455,76 @@ def test_locust_files_and_slo_profile_the_services_use_exist(compose):
     assert "gpu" in slo["profiles"]
     user_class = _default(master[-1])
     assert re.search(rf"^class {user_class}\(", locustfile.read_text(), re.MULTILINE)
+
+
+# ------------------------------------------------------------------ hardening (issue 23 item 5)
+
+LONG_RUNNING = ("triton", "prometheus", "grafana", "locust-worker")
+
+
+def test_every_long_running_service_restarts(compose):
+    for name in LONG_RUNNING:
+        assert compose["services"][name].get("restart") in ("unless-stopped", "on-failure", "always"), name
+
+
+@pytest.mark.parametrize("name", ["triton", "prometheus", "grafana", "builder"])
+def test_services_drop_every_capability_and_run_read_only(compose, name):
+    service = compose["services"][name]
+    assert service["cap_drop"] == ["ALL"]
+    assert service["read_only"] is True
+    assert "no-new-privileges:true" in service["security_opt"]
+
+
+def test_triton_runs_as_a_user_and_writes_only_tmp_and_dev_shm(triton):
+    assert triton["user"] == "1000:1000"
+    assert triton["tmpfs"] == ["/tmp"]
+    assert _bytes(triton["shm_size"]) > 0
+    writable = [v for v in triton["volumes"] if not v.get("read_only")]
+    assert writable == []  # the repository is read-only; /tmp and /dev/shm are tmpfs
+
+
+def test_prometheus_writes_only_its_tsdb_volume(compose):
+    prometheus = compose["services"]["prometheus"]
+    writable = [v["target"] for v in prometheus["volumes"] if not v.get("read_only")]
+    assert writable == ["/prometheus"]
+    assert "--storage.tsdb.path=/prometheus" in prometheus["command"]
+
+
+def test_limits_are_the_kubernetes_sizing_of_the_same_spec():
+    from tools.build_repo.spec import load_spec
+    from tools.deploy.sizing import size_pod
+
+    spec = load_spec(ROOT / "repository.yaml")
+    base = _load(COMPOSE)["services"]["triton"]
+    gpu = _load(GPU_OVERRIDE)["services"]["triton"]
+    cpu_size, gpu_size = size_pod(spec, "cpu"), size_pod(spec, "gpu")
+    assert _default(base["cpus"]) == str(cpu_size.cpu)
+    assert _bytes(_default(base["mem_limit"])) == cpu_size.memory_mib << 20
+    assert _bytes(_default(gpu["mem_limit"])) == gpu_size.memory_mib << 20
+
+
+def test_prometheus_loads_the_rendered_slo_rules_of_each_profile():
+    from tools.deploy import compose as compose_rules
+
+    config = _load(ROOT / "docker" / "prometheus.yml")
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    mounts = {"gpu": _load(COMPOSE)["services"]["prometheus"]["volumes"],
+              "cpu": yaml.safe_load((ROOT / "docker-compose.cpu.yml").read_text().replace(
+                  "!reset ", ""))["services"]["prometheus"]["volumes"]}
+    for profile, volumes in mounts.items():
+        (rules,) = [v for v in volumes if v["target"] == "/etc/prometheus/rules/slo.yml"]
+        path = ROOT / rules["source"]
+        assert path.name == f"rules-{profile}.yml"
+        assert path.read_text() == compose_rules.rules_text(profile), (
+            "re-render: python -c 'from tools.deploy import compose; compose.write_rules()'")
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "triton-forge"  # the job the rendered alerts select
+    assert job["static_configs"][0]["targets"] == ["triton:8002", "triton:8003"]
+
+
+def test_the_entrypoint_passes_the_supervisors_retry_backoff_from_the_environment(triton):
+    entrypoint = (ROOT / "docker" / "triton-entrypoint.sh").read_text()
+    assert '--retry-backoff ${TRITON_RETRY_BACKOFF}' in entrypoint
+    assert '--retry-backoff-max ${TRITON_RETRY_BACKOFF_MAX}' in entrypoint
+    env = triton["environment"]
+    assert float(env["TRITON_RETRY_BACKOFF"]) < float(env["TRITON_RETRY_BACKOFF_MAX"])

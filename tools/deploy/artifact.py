@@ -58,6 +58,7 @@ class ArtifactRecord:
         bytes: Their total size.
         engine: ``podman`` or ``docker``.
         pushed: The digest is the registry's (``--push``), not only the local store's.
+        reused: An image with this tag was there already (the same manifest): not rebuilt.
     """
 
     image: str
@@ -70,6 +71,7 @@ class ArtifactRecord:
     bytes: int = 0
     engine: str = ""
     pushed: bool = False
+    reused: bool = False
     format: int = RECORD_FORMAT
 
     @property
@@ -233,15 +235,19 @@ def package(
         f"{LABEL_PREFIX}.spec.sha256": manifest.spec,
         "org.opencontainers.image.title": "triton-forge model repository",
     }
+    reference = f"{image}:{tag}"
+    exists = run([engine, "image", "inspect", reference]).returncode == 0
+    # The tag is the manifest's hash: an image that has it holds this very repository.
     with tempfile.TemporaryDirectory(prefix="tf-artifact-") as tmp:
         context = Path(tmp)
-        _stage(repository, manifest, context / "repository")
-        (context / "Containerfile").write_text(containerfile(copier_image, labels), encoding="utf-8")
-        build = [engine, "build", "-q", "-f", str(context / "Containerfile"), "-t", f"{image}:{tag}"]
-        # Timestamps fixed, so the same repository gives the same layers (and digest) again.
-        build += ["--timestamp", "0"] if engine == "podman" else []
-        _checked(run, [*build, str(context)], "building the artifact image")
-    reference = f"{image}:{tag}"
+        if not exists:
+            _stage(repository, manifest, context / "repository")
+            (context / "Containerfile").write_text(containerfile(copier_image, labels),
+                                                   encoding="utf-8")
+            build = [engine, "build", "-q", "-f", str(context / "Containerfile"), "-t", reference]
+            # Timestamps fixed, so the same repository gives the same layers (and digest) again.
+            build += ["--timestamp", "0"] if engine == "podman" else []
+            _checked(run, [*build, str(context)], "building the artifact image")
     if push:
         with tempfile.TemporaryDirectory(prefix="tf-digest-") as tmp:
             digest_file = Path(tmp) / "digest"
@@ -266,7 +272,7 @@ def package(
     return ArtifactRecord(
         image=image, tag=tag, digest=digest, target=manifest.target,
         manifest_sha256=verified.manifest_sha256, weights_bytes=weights_bytes(manifest),
-        files=verified.files, bytes=verified.bytes, engine=engine, pushed=push,
+        files=verified.files, bytes=verified.bytes, engine=engine, pushed=push, reused=exists,
     )
 
 
