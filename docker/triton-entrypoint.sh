@@ -31,6 +31,10 @@ esac
 retry=""
 [ -z "${TRITON_RETRY_BACKOFF:-}" ] || retry="--retry-backoff ${TRITON_RETRY_BACKOFF}"
 [ -z "${TRITON_RETRY_BACKOFF_MAX:-}" ] || retry="${retry} --retry-backoff-max ${TRITON_RETRY_BACKOFF_MAX}"
+if [ -n "$retry" ] && ! grep -q -- '"--retry-backoff"' "${here}/triton_supervisor.py"; then
+    echo "triton-entrypoint: TRITON_RETRY_BACKOFF* set, but this supervisor has no --retry-backoff: ignored" >&2
+    retry=""
+fi
 # shellcheck disable=SC2086  # $watchdog and $retry are flags or nothing
 exec python3 "${here}/triton_supervisor.py" --repository "${repository}" \
     --probes "${here}/healthcheck_probes.json" --recover-models ${watchdog} ${retry} -- "$@"

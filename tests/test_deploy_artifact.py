@@ -29,7 +29,9 @@ def make_repository(root: Path, target: str = "cpu") -> Path:
     repo = root / "repo"
     files = {"encoder": {"config.pbtxt": "name: 'encoder'", "1/model.onnx": "weights" * 100},
              "tokenizer": {"config.pbtxt": "name: 'tokenizer'", "1/model.py": "print()",
-                           "1/tokenizer.json": "{}"}}
+                           "1/tokenizer.json": "{}"},
+             "pipeline": {"config.pbtxt": "name: 'pipeline' platform: 'ensemble'"}}
+    (repo / "pipeline" / "1").mkdir(parents=True)  # an ensemble's version folder is empty
     manifest = Manifest(spec="spec-hash", target=target)
     for model, contents in files.items():
         for relative, text in contents.items():
@@ -45,7 +47,7 @@ def make_repository(root: Path, target: str = "cpu") -> Path:
 def test_a_built_repository_verifies(tmp_path):
     repo = make_repository(tmp_path)
     result = verify_repository(repo, target="cpu")
-    assert result.ok and result.files == 5 and result.target == "cpu"
+    assert result.ok and result.files == 6 and result.target == "cpu"
 
 
 @pytest.mark.parametrize("damage, expected", [
@@ -55,6 +57,7 @@ def test_a_built_repository_verifies(tmp_path):
     (lambda r: (r / "tokenizer/1/extra.py").write_text("x"), r"extra.py: not recorded in the manifest"),
     (lambda r: (r / "stray").mkdir(), r"stray: a folder the manifest does not record"),
     (lambda r: (r / "build_manifest.json").unlink(), r"build_manifest.json: missing"),
+    (lambda r: (r / "pipeline" / "1").rmdir(), r"pipeline: no version folder"),
 ])
 def test_every_mismatch_is_named(tmp_path, damage, expected):
     repo = make_repository(tmp_path)
@@ -76,7 +79,7 @@ def test_the_init_containers_command_exits_1_with_the_reason(tmp_path):
     repo = make_repository(tmp_path)
     ok = subprocess.run([sys.executable, str(VERIFY), "--repository", str(repo), "--target", "cpu"],
                         capture_output=True, text=True, timeout=60)
-    assert ok.returncode == 0 and "5 files" in ok.stdout
+    assert ok.returncode == 0 and "6 files" in ok.stdout
     (repo / "encoder/1/model.onnx").write_text("tampered")
     bad = subprocess.run([sys.executable, str(VERIFY), "--repository", str(repo)],
                          capture_output=True, text=True, timeout=60)
@@ -122,7 +125,8 @@ def test_package_stages_exactly_the_manifest_files_and_tags_by_the_manifest_hash
     (context,) = engine.contexts
     staged = sorted(k for k in context if k.startswith("repository/"))
     assert staged == ["repository/build_manifest.json", "repository/encoder/1/model.onnx",
-                      "repository/encoder/config.pbtxt", "repository/tokenizer/1/model.py",
+                      "repository/encoder/config.pbtxt", "repository/pipeline/config.pbtxt",
+                      "repository/tokenizer/1/model.py",
                       "repository/tokenizer/1/tokenizer.json", "repository/tokenizer/config.pbtxt"]
     containerfile = context["Containerfile"]
     assert "FROM copier:1 AS copier\nFROM scratch\n" in containerfile
@@ -130,7 +134,7 @@ def test_package_stages_exactly_the_manifest_files_and_tags_by_the_manifest_hash
     build = next(c for c in engine.commands if c[1] == "build")
     assert build[build.index("-t") + 1] == f"registry.example/tf/models:{record.tag}"
     assert "--timestamp" in build  # reproducible layers
-    assert record.weights_bytes == {"encoder": 700, "tokenizer": 2}  # code is not weights
+    assert record.weights_bytes == {"encoder": 700, "tokenizer": 2, "pipeline": 0}  # code is not weights
 
 
 def test_package_reuses_an_image_with_the_same_tag_and_push_records_the_registrys_digest(tmp_path):
@@ -174,3 +178,17 @@ def test_the_cli_refuses_a_folder_that_is_not_a_built_repository(tmp_path):
         pytest.skip("podman is not installed")
     assert result.exit_code == 2, result.output
     assert "build_manifest.json: missing (not a built repository)" in result.output
+
+
+def test_a_file_only_its_owner_may_read_is_staged_readable_for_the_pods_user(tmp_path):
+    repo = make_repository(tmp_path)
+    (repo / "build_manifest.json").chmod(0o600)  # as the builder's mkstemp leaves it
+    engine = Engine()
+    package(repo, "tf/models", "copier:1", engine="podman", run=engine)
+    build = next(c for c in engine.commands if c[1] == "build")
+    assert build  # staged copies are gone with the context; the mode is checked by staging again
+    staged = tmp_path / "staged"
+    artifact._stage(repo, Manifest.read(repo), staged)
+    assert (staged / "build_manifest.json").stat().st_mode & 0o444 == 0o444
+    assert (staged / "pipeline" / "1").is_dir()  # the empty version folder is kept
+    assert (repo / "build_manifest.json").stat().st_mode & 0o777 == 0o600  # the source untouched

@@ -176,12 +176,25 @@ def containerfile(copier_image: str, labels: Mapping[str, str]) -> str:
 
 
 def _stage(repository: Path, manifest: Manifest, into: Path) -> None:
-    """Exactly the files the manifest records, and the manifest, hard-linked (or copied)."""
+    """Exactly the files the manifest records, and the manifest, hard-linked (or copied).
+
+    A file not readable by everyone (the builder writes the manifest through mkstemp, 0600) is
+    copied and made so: the pod reads the artifact as uid 1000, not as the files' owner.
+    """
     files = [MANIFEST_NAME] + [f"{name}/{relative}" for name, entry in manifest.models.items()
                                for relative in entry.artifacts]
+    for name in manifest.models:  # folders too: an ensemble's version folder is empty
+        for folder in (p for p in (repository / name).rglob("*") if p.is_dir()):
+            if "__pycache__" not in folder.parts:
+                (into / folder.relative_to(repository)).mkdir(parents=True, exist_ok=True)
     for relative in files:
         source, dest = repository / relative, into / relative
         dest.parent.mkdir(parents=True, exist_ok=True)
+        mode = source.stat().st_mode
+        if mode & 0o444 != 0o444:
+            shutil.copyfile(source, dest)
+            dest.chmod((mode | 0o444) & 0o7777)
+            continue
         try:
             os.link(source, dest)
         except OSError:

@@ -351,6 +351,11 @@ def deployment(d: Deployment) -> dict[str, Any]:
             # The watchdog (docker/triton_supervisor.py) only reloads a model whose Python stub
             # died; restarting the container is the kubelet's (liveness) job.
             {"name": "TRITON_WATCHDOG", "value": "recover"},
+            # The supervisor's status endpoint (probes, PodMonitor) and its retry of a model
+            # past the restart budget: 5 s doubling to 5 min (docker/triton-entrypoint.sh).
+            {"name": "FORGE_METRICS_PORT", "value": str(STATUS_PORT)},
+            {"name": "TRITON_RETRY_BACKOFF", "value": "5"},
+            {"name": "TRITON_RETRY_BACKOFF_MAX", "value": "300"},
             {"name": "HOME", "value": "/tmp"},
         ],
         "ports": [

@@ -100,6 +100,8 @@ def verify_repository(repository: Path, *, target: str | None = None,
                 continue
             files += 1
             total += size
+        if folder.is_dir() and not any(p.is_dir() and p.name.isdigit() for p in folder.iterdir()):
+            problems.append(f"{folder}: no version folder (Triton loads none of model '{name}')")
         if folder.is_dir():
             for extra in sorted(p for p in folder.rglob("*") if p.is_file()):
                 relative = extra.relative_to(folder)
