@@ -17,8 +17,11 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         tini busybox-static \
  && rm -rf /var/lib/apt/lists/*
-COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
-RUN python3 -m pip install -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
+# Exactly the files of docker/requirements-serve.lock, each checked against its sha256
+# (scripts/lock-requirements.sh).
+COPY docker/requirements-serve.lock /tmp/requirements-serve.lock
+RUN python3 -m pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock \
+ && rm /tmp/requirements-serve.lock
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service.
 COPY tools/__init__.py tools/errors.py tools/process.py /opt/triton-forge/tools/

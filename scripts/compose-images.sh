@@ -84,9 +84,10 @@ fill_wheelhouse() {
     -v "$TF_ROOT:/src:ro" -v "$WHEELHOUSE:/wheels" "$BASE_IMAGE" sh -euc "
       python3 -m venv /tmp/pip
       python3 -c 'import tomllib; p = tomllib.load(open(\"/src/pyproject.toml\", \"rb\"))[\"project\"]; print(\"\n\".join(p[\"dependencies\"] + p[\"optional-dependencies\"][\"load\"]))' >/tmp/requirements.txt
+      /tmp/pip/bin/pip download --quiet --disable-pip-version-check --dest /wheels \
+        --require-hashes --no-deps -r /src/docker/requirements-cpu.lock
       /tmp/pip/bin/pip download --quiet --disable-pip-version-check --dest /wheels $extra \
-        -c /src/scripts/constraints-cpu.txt nvidia-pytriton==0.7.0 'numpy<2' \
-        -r /src/docker/requirements-serve.txt -r /tmp/requirements.txt 'setuptools>=77' wheel"
+        -c /src/scripts/constraints-cpu.txt -r /tmp/requirements.txt 'setuptools>=77' wheel"
 }
 
 build_target() {  # build_target TARGET IMAGE
@@ -100,7 +101,8 @@ build_target() {  # build_target TARGET IMAGE
 BUILT=()
 BASE_IMAGE="triton-forge/debian-base:$(input_hash docker/debian-rootfs.sh "$SUITE" "$BASE_PACKAGES" "$BASE_SETUP")"
 PROMETHEUS_IMAGE="triton-forge/prometheus-cpu:$(input_hash docker/debian-rootfs.sh "$SUITE" "$PROM_PACKAGES" "$PROM_SETUP")"
-deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-serve.txt)
+# The resolved locks, not only their inputs: a tag names the exact wheels inside.
+deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-cpu.lock)
 WHEELS_HASH="$(input_hash "$BASE_IMAGE" "${TORCH_INDEX_URL:-}" "${deps[@]}")"
 SERVE_HASH="$(input_hash "$BASE_IMAGE" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
   docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \

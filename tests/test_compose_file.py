@@ -182,11 +182,22 @@ def test_docker_compose_config_accepts_the_files(files):
 # --- the image --------------------------------------------------------------------------------
 
 
-def test_triton_image_is_pinned_once_to_25_07_or_later(compose):
-    image = _default(compose["x-triton-image"])
-    match = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-py3", image)
+def pinned_base(image: str) -> re.Match | None:
+    """``nvcr.io/nvidia/tritonserver:YY.MM-py3@sha256:<64 hex>``: a tag and its digest."""
+    return re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-py3@sha256:[0-9a-f]{64}", image)
 
-    assert match, f"{image} is not a pinned nvcr.io/nvidia/tritonserver:YY.MM-py3 tag"
+
+def test_an_unpinned_base_is_refused_by_the_check():
+    assert pinned_base("nvcr.io/nvidia/tritonserver:25.08-py3") is None  # a tag moves
+    assert pinned_base("nvcr.io/nvidia/tritonserver:latest@sha256:" + "a" * 64) is None
+    assert pinned_base("nvcr.io/nvidia/tritonserver:25.08-py3@sha256:" + "a" * 64)
+
+
+def test_triton_image_is_pinned_once_by_digest_to_25_07_or_later(compose):
+    image = _default(compose["x-triton-image"])
+    match = pinned_base(image)
+
+    assert match, f"{image} is not nvcr.io/nvidia/tritonserver:YY.MM-py3@sha256:<digest>"
     assert (int(match.group(1)), int(match.group(2))) >= MIN_RELEASE
     text = COMPOSE.read_text() + DOCKERFILE.read_text()
     assert len(re.findall(r"tritonserver:\d", text)) == 1, "the tag is pinned in one place only"
@@ -528,3 +539,47 @@ def test_the_entrypoint_passes_the_supervisors_retry_backoff_from_the_environmen
     assert '--retry-backoff-max ${TRITON_RETRY_BACKOFF_MAX}' in entrypoint
     env = triton["environment"]
     assert float(env["TRITON_RETRY_BACKOFF"]) < float(env["TRITON_RETRY_BACKOFF_MAX"])
+
+
+# ------------------------------------------------------------------ locked dependencies (item 6)
+
+LOCKS = {"serve": ROOT / "docker" / "requirements-serve.lock", "cpu": ROOT / "docker" / "requirements-cpu.lock"}
+
+
+def _locked(path: Path) -> dict[str, list[str]]:
+    """Package -> its hashes, from a pip-compile --generate-hashes file."""
+    packages: dict[str, list[str]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        pin = re.match(r"^([A-Za-z0-9_.\-]+)==([^ ]+)", line)
+        if pin:
+            current = pin.group(1).lower().replace("_", "-")
+            packages[current] = []
+        elif current and "--hash=sha256:" in line:
+            packages[current].append(line.split("sha256:")[1].split()[0])
+    return packages
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_every_locked_requirement_is_pinned_with_hashes_and_names_no_local_index(lock):
+    text = LOCKS[lock].read_text()
+    packages = _locked(LOCKS[lock])
+    assert packages and all(len(h) >= 1 and all(re.fullmatch(r"[0-9a-f]{64}", x) for x in h)
+                            for h in packages.values()), "every pin carries sha256 hashes"
+    assert not re.search(r"^--(extra-)?index-url|^--find-links|file://|/opt/", text, re.M)
+    requested = [re.split(r"[<>=\[ ;]", r.strip())[0].lower() for r in
+                 (ROOT / "docker" / "requirements-serve.txt").read_text().splitlines()
+                 if r.strip() and not r.startswith("#")]
+    assert set(requested) <= set(packages), set(requested) - set(packages)
+    assert packages.get("numpy") and "numpy==1." in text  # nvidia-pytriton needs numpy<2
+
+
+def test_the_images_install_only_the_locked_files():
+    gpu = DOCKERFILE.read_text()
+    cpu = (ROOT / "docker" / "triton-cpu.Dockerfile").read_text()
+    assert "pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock" in gpu
+    assert "pip install --quiet --require-hashes --no-deps -r /tmp/requirements-cpu.lock" in cpu
+    assert "nvidia-pytriton" in _locked(LOCKS["cpu"])
+    assert "requirements-serve.txt" not in gpu and "requirements-serve.txt" not in cpu
+    images = (ROOT / "scripts" / "compose-images.sh").read_text()
+    assert "docker/requirements-cpu.lock" in images.split("deps=(")[1].split(")")[0]  # tags from the lock
