@@ -142,11 +142,17 @@ class Pod:
     def probe(self, kind: str) -> int:
         """Run the rendered ``startupProbe``/``readinessProbe``/``livenessProbe`` command in the
         container; its exit code."""
+        return self.probe_verdict(kind)[0]
+
+    def probe_verdict(self, kind: str) -> tuple[int, str]:
+        """The probe's exit code and the verdict it printed (``ok``, ``busy``, ``fail``)."""
         command = self.deployment["spec"]["template"]["spec"]["containers"][0][kind]["exec"]["command"]
         try:
-            return self.run("exec", self.container, *command, timeout=60).returncode
+            result = self.run("exec", self.container, *command, timeout=60)
         except subprocess.TimeoutExpired:
-            return 124
+            return 124, "timeout"
+        words = result.stdout.split()
+        return result.returncode, words[-1] if words else ""
 
     def wait_ready(self, timeout: float = 900, period: float = 1.0) -> float:
         """Seconds until the rendered readiness command first passes."""
