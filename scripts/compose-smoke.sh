@@ -22,6 +22,8 @@ BUILD_REPO_TIMEOUT="${BUILD_REPO_TIMEOUT:-900}"
 LOAD_TIMEOUT="${LOAD_TIMEOUT:-900}"
 PORTS=(8000 8001 8002 8003 9090)
 TARGET="${BUILD_TARGET:-cpu}"
+# The SLO rules Prometheus loads (docker/prometheus/rules-<profile>.yml): this stack's profile.
+export SLO_PROFILE="${SLO_PROFILE:-cpu}"
 REPOSITORY="build/model_repositories/$TARGET"
 TICKER_PID="$TF_STATE/health-ticker.pid"
 T0=$SECONDS

@@ -519,11 +519,9 @@ def test_prometheus_loads_the_rendered_slo_rules_of_each_profile():
 
     config = _load(ROOT / "docker" / "prometheus.yml")
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
-    mounts = {"gpu": _load(COMPOSE)["services"]["prometheus"]["volumes"],
-              "cpu": yaml.safe_load((ROOT / "docker-compose.cpu.yml").read_text().replace(
-                  "!reset ", ""))["services"]["prometheus"]["volumes"]}
-    for profile, volumes in mounts.items():
-        (rules,) = [v for v in volumes if v["target"] == "/etc/prometheus/rules/slo.yml"]
+    volumes = _load(COMPOSE)["services"]["prometheus"]["volumes"]
+    for profile, env in (("gpu", {}), ("cpu", {"SLO_PROFILE": "cpu"})):
+        (rules,) = [v for v in _interpolate(volumes, env) if v["target"] == "/etc/prometheus/rules/slo.yml"]
         path = ROOT / rules["source"]
         assert path.name == f"rules-{profile}.yml"
         assert path.read_text() == compose_rules.rules_text(profile), (
