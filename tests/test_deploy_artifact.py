@@ -192,3 +192,17 @@ def test_a_file_only_its_owner_may_read_is_staged_readable_for_the_pods_user(tmp
     assert (staged / "build_manifest.json").stat().st_mode & 0o444 == 0o444
     assert (staged / "pipeline" / "1").is_dir()  # the empty version folder is kept
     assert (repo / "build_manifest.json").stat().st_mode & 0o777 == 0o600  # the source untouched
+
+
+def test_the_manifest_is_written_readable_by_the_serving_user(tmp_path):
+    """The builder (root in compose) writes it; triton (uid 1000) reads it: not 0600."""
+    import os
+
+    from tools.build_repo.manifest import write_atomically
+
+    old = os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "build_manifest.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "build_manifest.json").stat().st_mode & 0o777 == 0o644
