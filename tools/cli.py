@@ -33,7 +33,7 @@ _SHORT_HELP = {
     "infer": "Send one request to a model or pipeline and print the result.",
     "loadtest": "Run a Locust scenario headless and gate it on exact P99 targets.",
     "bench": "Compare served throughput and latency with the in-process limit.",
-    "deploy": "Render Kubernetes manifests (tools deploy k8s) from the spec.",
+    "deploy": "Package the repository as an OCI artifact (tools deploy package), render Kubernetes manifests (tools deploy k8s).",
     "add": "Add a model (Hugging Face folder, vision factory, ONNX file) to the spec.",
     "tune": "Search instances, threads and batching for the most throughput within P99 target.",
 }
