@@ -11,12 +11,10 @@ import re
 import tempfile
 from pathlib import Path
 
-from tools import paths
 from tools.build_repo.spec import RepoSpec, load_spec
 from tools.errors import SpecError, UserInputError
 
 SECTIONS = ("models", "python_models", "pipelines")
-PROJECT_BACKENDS = paths.BACKENDS
 
 
 def _section_line(lines: list[str], section: str) -> int | None:
@@ -58,15 +56,9 @@ def append_entries(text: str, blocks: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def new_spec_text(spec_path: Path) -> str:
-    """The text of a spec created by ``tools add`` (the project's Python backends)."""
-    backends = PROJECT_BACKENDS
-    try:
-        backends = backends.relative_to(spec_path.resolve().parent)
-    except ValueError:
-        pass
-    return (f"# The repository spec, created by `tools add`: see docs/spec.md.\n"
-            f"target: cpu\ncpu_cores: 2\nbackends: {backends}\n")
+def new_spec_text() -> str:
+    """The text of a spec created by ``tools add`` (no ``backends``: the installed ones)."""
+    return "# The repository spec, created by `tools add`: see docs/spec.md.\ntarget: cpu\ncpu_cores: 2\n"
 
 
 def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) -> RepoSpec:
@@ -92,7 +84,7 @@ def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) 
             raise UserInputError(
                 f"{spec_path}: already has {taken}; choose another --name or remove those entries"
             )
-    text = append_entries(old if old is not None else new_spec_text(spec_path), blocks)
+    text = append_entries(old if old is not None else new_spec_text(), blocks)
     handle, temp = tempfile.mkstemp(prefix=f".{spec_path.name}.", suffix=".add",
                                     dir=spec_path.parent)
     try:

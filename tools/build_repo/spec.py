@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from tools import paths
 from tools.errors import SpecError
 from tools.typed_yaml import (
     null_allowed,
@@ -1171,10 +1172,11 @@ class RepositoryYaml:
         "`intra_op_threads` must be ≤ `cpu_cores`. The ONNX Runtime session used for the "
         "build-time parity check also uses this many threads.",
     )
-    backends: str = Field(
-        "backends/python",
+    backends: Omittable[str] = Field(
+        None,
         description="Folder that holds the Python backends. A relative path is resolved against "
-        "the spec's folder.",
+        "the spec's folder. Default: the ones installed with triton-forge (`backends/python/` "
+        "of a checkout).",
     )
     models: dict[EntryName, Annotated[ModelYaml, AfterValidator(_fits_the_cores)]] = Field(
         default_factory=dict, description="PyTorch models by name."
@@ -1229,10 +1231,9 @@ class RepositoryYaml:
 
     def resolve(self, path: Path) -> RepoSpec:
         """The builder's view of the file read from ``path``."""
-        backends = Path(self.backends)
         return RepoSpec(
             path=path, target=self.target, cpu_cores=self.cpu_cores,
-            backends=backends if backends.is_absolute() else path.parent / backends,
+            backends=paths.BACKENDS if self.backends is None else path.parent / self.backends,
             models=tuple(e.resolve(n) for n, e in self.models.items()),
             python_models=tuple(e.resolve(n) for n, e in self.python_models.items()),
             pipelines=tuple(e.resolve(n) for n, e in self.pipelines.items()),
