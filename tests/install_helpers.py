@@ -11,7 +11,7 @@ WEIGHTS = np.arange(FEATURES * SCORES, dtype=np.float32).reshape(FEATURES, SCORE
 
 
 def write_tiny_onnx(path: Path) -> Path:
-    """``scores = features @ WEIGHTS``: input ``features`` [batch, 4], output ``scores`` [batch, 3]."""
+    """``scores = features @ WEIGHTS``: ``features`` [batch, 4] in, ``scores`` [batch, 3] out."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -85,7 +85,8 @@ def test_add_into_an_initialised_folder_appends_and_keeps_the_schema_line(tmp_pa
     assert "backends" not in yaml.safe_load(text)
     spec = load_spec(spec_file)
     assert spec.names() == ["tiny"] and spec.backends == paths.BACKENDS
-    jsonschema.validate(yaml.safe_load(text), json.loads((tmp_path / "p" / REPOSITORY_SCHEMA).read_text()))
+    schema = json.loads((tmp_path / "p" / REPOSITORY_SCHEMA).read_text())
+    jsonschema.validate(yaml.safe_load(text), schema)
 
 
 def test_a_spec_created_by_add_outside_the_checkout_does_not_point_at_it(tmp_path):

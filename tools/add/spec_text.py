@@ -58,7 +58,8 @@ def append_entries(text: str, blocks: dict[str, list[str]]) -> str:
 
 def new_spec_text() -> str:
     """The text of a spec created by ``tools add`` (no ``backends``: the installed ones)."""
-    return "# The repository spec, created by `tools add`: see docs/spec.md.\ntarget: cpu\ncpu_cores: 2\n"
+    return ("# The repository spec, created by `tools add`: see docs/spec.md.\n"
+            "target: cpu\ncpu_cores: 2\n")
 
 
 def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) -> RepoSpec:
