@@ -179,10 +179,14 @@ def test_every_report_gives_the_same_figures_when_fed_the_same_raw_records(compa
         assert (p50, p99) == (EXPECTED["p50"], EXPECTED["p99"])
 
     # The GPU check times consecutive calls (no window): the same latencies give the same P50/P99.
-    counted_s = [r.latency_ms / 1000.0 for r in records if r.ok and window.counts(r)]
-    row = gpu_check.timing_row("TensorRT fp16", 8, counted_s)
-    assert row[2:4] == (f"{EXPECTED['p50']:.2f}", f"{EXPECTED['p99']:.2f}")
-    assert row[4] == f"{8 / (EXPECTED['p50'] / 1000.0):.0f}"
+    from tools.build_repo.onnx2trt import Timing
+
+    counted = [Timing(r.latency_ms, r.latency_ms) for r in records if r.ok and window.counts(r)]
+    row = gpu_check.timing_rows("TensorRT fp16", "minilm_encoder", 8, counted)
+    for kind in ("compute", "total"):
+        assert (row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"]) == (
+            round(EXPECTED["p50"], 4), round(EXPECTED["p99"], 4))
+        assert row[f"{kind}_per_s"] == round(8 / (EXPECTED["p50"] / 1000.0), 1)
 
 
 def test_requests_in_flight_at_the_end_bound_the_tail_from_below():

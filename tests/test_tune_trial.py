@@ -121,12 +121,12 @@ def test_a_point_carries_every_models_executed_batch_and_queue_split(monkeypatch
     after = {"minilm_encoder": counters(110, 30, 100 * 4_000_000),
              "text_tokenizer": counters(110, 60, 100 * 1_000_000)}
 
-    def fake_served(protocol, url, stats_url, texts, concurrency, **kwargs):
+    def fake_measure(requests, protocol, url, stats_url, *, concurrency, **kwargs):
         # the load engine's Triton meter: the window between the warm-up's end and the end
         return Point("text_embedding", protocol, concurrency, None, 100, 0, 4.0, 25.0, 80.0,
                      300.0, meters={"triton": triton_stats.window(before, after)})
 
-    monkeypatch.setattr(trial_module, "measure_served", fake_served)
+    monkeypatch.setattr(trial_module, "measure", fake_measure)
     plan = LoadPlan("grpc", (8,), 0.05, 4.0, p99_ms=600.0, max_error_ratio=0.0)
     point = trial_module.measure_point(plan, "u", "s", ["a"], 8, "text_embedding", "minilm_encoder")
     assert point.within_target and point.throughput == 25.0

@@ -20,7 +20,7 @@ from tools.bench.inprocess import EncoderSetup, model_config, pipeline_models, r
 from tools.errors import UserInputError
 from tools.load import Request
 
-IMAGES_DIR = paths.LOADTESTS / "data" / "images"
+IMAGES_DIR = paths.IMAGES_DIR
 _IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 _STRING = "TYPE_STRING"
 

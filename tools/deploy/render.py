@@ -228,7 +228,7 @@ def dev_build_files(spec: Any, target: str) -> list[str]:
             found.append(("recipe.path", m.recipe.path))
         if getattr(m, "onnx", ""):
             found.append(("onnx", m.onnx))
-        found += [(f"files.{name}", location) for name, location in getattr(m, "files", ())]
+        found += [(f"files.{name}", location) for name, location in dict(getattr(m, "files", None) or {}).items()]
         cpu = getattr(m, "cpu", None)
         gate = getattr(cpu, "quality", None)
         if gate is not None:

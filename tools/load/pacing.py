@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tools.load.engine import Run
+    from tools.load.state import Run
 
 
 class Pacing(ABC):
