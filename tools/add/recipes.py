@@ -200,13 +200,26 @@ def _encoder_body(recipe: str, inputs: list[str], output: str, width: int, max_l
 """
 
 
+# What the served outputs mean, per activation (written above a pipeline's outputs).
+OUTPUT_MEANINGS = {
+    "softmax": "LABEL: the most probable label; SCORE: its probability; PROBABILITIES: softmax "
+               "over the labels (sum 1)",
+    "sigmoid": "PROBABILITIES: each label's own probability (sigmoid, multi-label: threshold "
+               "them); LABEL/SCORE: the most probable one",
+    "identity": "SCORE: the model's raw outputs (no activation)",
+    "cross-sigmoid": "SCORE: sigmoid of the pair's logits, as CrossEncoder.predict",
+    "cross-identity": "SCORE: the pair's raw logits, as CrossEncoder.predict(activation_fn=Identity())",
+}
+
+
 def _text_pipeline(entries: Entries, name: str, step: TokenizerStep, steps: str,
-                   outputs: list[tuple[str, str, str]], what: str) -> None:
+                   outputs: list[tuple[str, str, str]], what: str, meaning: str = "") -> None:
+    note = f"    # {meaning}\n" if meaning else ""
     entries.add("pipelines", name, f"""\
     max_batch_size: {TEXT_BATCH}
     inputs:
 {_tensors([(n, "string", "1") for n in step.inputs])}
-    outputs:
+{note}    outputs:
 {_tensors(outputs)}
     steps:
       - model: {name}_tokenizer
@@ -315,7 +328,8 @@ def hf_sequence_classification(folder_path: Path, name: str, spec_dir: Path, cor
 """
     if activation == "identity":
         _text_pipeline(entries, name, step, classify, [("SCORE", "float32", str(count))],
-                       f"TEXT -> SCORE [{count}] (the model's outputs as they are: {problem})")
+                       f"TEXT -> SCORE [{count}] (the model's outputs as they are: {problem})",
+                       f"{OUTPUT_MEANINGS['identity']} ({problem})")
         return entries
     config = spec_path_text(folder.path / "config.json", spec_dir)
     entries.add("python_models", f"{name}_postprocess", f"""\
@@ -338,7 +352,8 @@ def hf_sequence_classification(folder_path: Path, name: str, spec_dir: Path, cor
         outputs: {{label: LABEL, score: SCORE, probabilities: PROBABILITIES}}
 """, [("LABEL", "string", "1"), ("SCORE", "float32", "1"),
       ("PROBABILITIES", "float32", str(count))],
-        f"TEXT -> LABEL, SCORE, PROBABILITIES [{count}] ({activation}: {problem})")
+        f"TEXT -> LABEL, SCORE, PROBABILITIES [{count}] ({activation}: {problem})",
+        OUTPUT_MEANINGS[activation])
     return entries
 
 
@@ -372,7 +387,8 @@ def hf_cross_encoder(folder_path: Path, name: str, spec_dir: Path, cores: int,
       - model: {name}_cross_encoder
         inputs: {_same_names(step.outputs)}
         outputs: {{score: SCORE}}
-""", [("SCORE", "float32", str(count))], f"TEXT, TEXT_PAIR -> SCORE [{count}] ({activation})")
+""", [("SCORE", "float32", str(count))], f"TEXT, TEXT_PAIR -> SCORE [{count}] ({activation})",
+        OUTPUT_MEANINGS[f"cross-{activation}"])
     return entries
 
 
