@@ -211,3 +211,58 @@ def test_the_cpu_image_tags_follow_the_lock_content_not_only_their_inputs(tmp_pa
     assert serve_changed["TRITON_CPU_IMAGE"] != builder_changed["TRITON_CPU_IMAGE"]
     assert serve_changed["BUILDER_CPU_IMAGE"] != builder_changed["BUILDER_CPU_IMAGE"]
     assert serve_changed["PROMETHEUS_IMAGE"] == before["PROMETHEUS_IMAGE"]
+
+
+# ---- the lock script's own steps
+
+
+def test_the_torch_hashes_are_the_index_s_cp312_linux_wheels_of_that_version(monkeypatch):
+    digest = {"x86": "a" * 64, "arm": "b" * 64, "cp311": "c" * 64, "win": "d" * 64}
+    page = "".join(f'<a href="/whl/cpu/torch-2.13.0%2Bcpu-{wheel}#sha256={digest[key]}">x</a>'
+                   for key, wheel in (("x86", "cp312-cp312-manylinux_2_28_x86_64.whl"),
+                                      ("arm", "cp312-cp312-manylinux_2_28_aarch64.whl"),
+                                      ("cp311", "cp311-cp311-manylinux_2_28_x86_64.whl"),
+                                      ("win", "cp312-cp312-win_amd64.whl")))
+    monkeypatch.setattr(lock_requirements, "index_page", lambda url: page)
+
+    hashes, origin = lock_requirements.torch_hashes("2.13.0+cpu", previous="")
+
+    assert hashes == [digest["x86"], digest["arm"]] and "cp312 Linux wheels" in origin
+
+
+def test_without_the_index_the_torch_file_takes_given_or_kept_hashes_or_says_it_has_none(monkeypatch):
+    def unreachable(url):
+        raise OSError("no route")
+
+    monkeypatch.setattr(lock_requirements, "index_page", unreachable)
+    monkeypatch.delenv("TORCH_HASHES", raising=False)
+    kept = lock_requirements.torch_file_text("2.13.0+cpu", ["e" * 64], "an earlier run")
+
+    none = lock_requirements.torch_hashes("2.13.0+cpu", previous="")
+    from_previous = lock_requirements.torch_hashes("2.13.0+cpu", previous=kept)
+    other_version = lock_requirements.torch_hashes("2.14.0+cpu", previous=kept)
+    monkeypatch.setenv("TORCH_HASHES", f"sha256:{'f' * 64}")
+    given = lock_requirements.torch_hashes("2.13.0+cpu", previous=kept)
+
+    assert none[0] == [] and none[1].startswith("none: ")
+    assert from_previous[0] == ["e" * 64] and other_version[0] == []
+    assert given[0] == ["f" * 64] and given[1].startswith("TORCH_HASHES")
+    text = lock_requirements.torch_file_text("2.13.0+cpu", *none)
+    assert lock_requirements.entries(text) == {"torch": ("2.13.0+cpu", [])}
+
+
+def test_taking_torch_out_of_a_lock_keeps_every_other_entry():
+    text = (DOCKER / "requirements-builder-cpu.lock").read_text()
+
+    left = lock_requirements.entries(lock_requirements.without(text, "torch"))
+
+    assert set(lock_requirements.entries(text)) - set(left) == {"torch"}
+    assert left["sympy"] == lock_requirements.entries(text)["sympy"]
+
+
+def test_the_wheel_check_takes_every_older_manylinux_tag_of_the_image_s_glibc():
+    tags = lock_requirements.compatible_platforms("manylinux_2_36_x86_64")
+
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_35_x86_64" in tags  # nvidia-pytriton
+    assert {"manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_17_x86_64"} <= set(tags)
+    assert not [t for t in tags if "aarch64" in t or t.startswith("manylinux_2_37")]
