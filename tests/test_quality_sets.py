@@ -295,7 +295,7 @@ def test_a_variant_missing_one_family_is_refused_naming_it_and_its_worst_text(tm
                                         _runner(candidate))
     message = str(info.value)
     assert "model 'minilm_encoder_int8': the int8 quality gate failed: " in message
-    assert ("form:degenerate min cosine 0.9500 < 0.99 on 1 of 12 texts (worst: text 4 of 12 in "
+    assert ("form:degenerate min cosine 0.95000 < 0.99 on 1 of 12 texts (worst: text 4 of 12 in "
             "form:degenerate (") in message and "set.jsonl:8" in message
     assert "form:prose" not in message
     report = info.value.report
@@ -341,7 +341,7 @@ def test_a_waived_family_below_its_own_bound_still_fails(tmp_path):
     candidate = dict(reference)
     candidate[8] = _tilt(reference[8], 0.90)
     waiver = QualityWaiverSpec(family="form:degenerate", min_cosine=0.94, reason="repeated words")
-    with pytest.raises(quality.QualityError, match=r"form:degenerate min cosine 0\.9000 < 0\.94"):
+    with pytest.raises(quality.QualityError, match=r"form:degenerate min cosine 0\.90000 < 0\.94"):
         quality.check_embedding_quality(_model(), _gate(waivers=(waiver,)), quality_set,
                                         _runner(reference), _runner(reference | {8: candidate[8]}))
 
@@ -432,3 +432,54 @@ def test_own_texts_join_the_set_as_their_own_family_with_a_third_held_out(tmp_pa
     held, count = quality_set.held_out_shares()["form:own"]
     assert count == 12 and held >= 4
     assert quality_set.texts[-1].source == "tickets.txt:12"
+
+
+# --- generic: a model added with `tools add` -----------------------------------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_an_added_models_bf16_variant_is_gated_by_family_on_its_own_texts(tmp_path):
+    """``tools add`` a tiny BERT embedder, make it an OpenVINO bf16 variant judged on the shipped
+    family set plus the user's own texts: the manifest and the table carry every family (own
+    included); a bound it cannot meet is refused naming the family and its worst text."""
+    import os
+
+    import yaml
+    from add_helpers import TEXTS, tiny_bert_folder
+
+    from tools.add.command import add_model
+    from tools.build_repo.pipeline import build_repository
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    spec_path = tmp_path / "repository.yaml"
+    folder = tiny_bert_folder(tmp_path / "tiny-embedder")
+    add_model("hf-text-embedding", str(folder), "tiny", spec_path, pooling="mean", normalize=True)
+    own = tmp_path / "own.txt"
+    own.write_text("\n".join(TEXTS + [f"the dog is playing outside {i}" for i in range(8)]),
+                   encoding="utf-8")
+    data = yaml.safe_load(spec_path.read_text())
+    data["models"]["tiny_encoder"]["cpu"] = {
+        "runtime": "openvino", "precision": "bf16",
+        "quality": {"texts": str(SHIPPED), "own_texts": "own.txt",
+                    "tokenizer": str(folder / "tokenizer.json"), "max_length": 64,
+                    "min_neighbour_agreement": 0.01}}
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    output = tmp_path / "model_repository"
+
+    result = build_repository(spec_path, output, only=["tiny_encoder"], progress=False)
+
+    report = result["tiny_encoder"].quality
+    entry = json.loads((output / "build_manifest.json").read_text())["models"]["tiny_encoder"]
+    families = {f["family"]: f for f in entry["optimization"]["quality"]["families"]}
+    assert families["form:own"]["texts"] == 12 and families["form:own"]["held_out"] >= 4
+    assert families["form:own"]["worst"]["source"].startswith("own.txt:")
+    assert {"form:degenerate", "length:short", "script:cjk"} <= set(families)
+    assert [f.family for f in report.families] == list(families)
+    if entry["optimization"]["runs_as"] == "bf16":  # a CPU with bf16: a bound 1.0 is not met
+        data["models"]["tiny_encoder"]["cpu"]["quality"]["min_cosine"] = 1.0
+        spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        with pytest.raises(quality.QualityError, match=r"the bf16 quality gate failed: \S+ min "
+                                                       r"cosine \d\.\d+ < 1\.0 on \d+ of \d+ texts "
+                                                       r"\(worst: text \d+ of \d+ in "):
+            build_repository(spec_path, output, only=["tiny_encoder"], progress=False)

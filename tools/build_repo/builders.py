@@ -244,7 +244,7 @@ class PytorchBuilder(SpecEntryBuilder):
             calibration = quality_sets.calibration_set(
                 quality_sets.read_texts(resolve_file(model.cpu.calibration_texts, spec.root,
                                                      f"{self.where}field 'cpu.calibration_texts': ")),
-                quality_set, tokenizer_file, gate.max_length)
+                quality_set, tokenizer_file, gate.max_length, model.cpu.calibrate_on_tune)
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
             quantized = stages.run("quantize", onnx2ov_int8.quantize_openvino, onnx_path, served,
                                    model, calibration, quality_set)
@@ -253,7 +253,9 @@ class PytorchBuilder(SpecEntryBuilder):
                                         f"in {cfg.OV_INT8_BIN}), calibrated on "
                                         f"{len(calibration.texts)} texts")
             record["quantize"] = {**quantized.to_dict(), "calibration_texts": len(calibration.texts),
-                                  "left_out_as_held_out": calibration.left_out}
+                                  "left_out_as_held_out": calibration.left_out,
+                                  "tune_texts_added": calibration.tune_added,
+                                  "smooth_quant_alpha": model.cpu.smooth_quant_alpha}
         candidate, runs_as = stages.run("openvino", openvino_runner, str(served),
                                         spec.cpu_cores, precision, spec.backends)
         record["runs_as"] = runs_as

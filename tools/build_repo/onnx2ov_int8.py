@@ -5,8 +5,9 @@ Unlike ONNX Runtime's dynamic int8 (``onnx2int8``), activations get fixed int8 r
 calibration texts, so the CPU plugin runs the MatMuls as int8 x int8 (AVX512-VNNI / AMX) without
 quantizing activations at run time. NNCF's transformer preset keeps softmax, layer norms and GELU
 in floating point and applies SmoothQuant to the MatMul inputs; nodes whose names match
-``cpu.quantize_exclude`` are not quantized. Calibration never sees a held-out quality text
-(``quality_sets.Calibration``); the quality gate (``quality.py``) decides.
+``cpu.quantize_exclude`` are not quantized; ``cpu.smooth_quant_alpha`` sets SmoothQuant's
+strength. Calibration never sees a held-out quality text (``quality_sets.Calibration``); the
+quality gate (``quality.py``) decides.
 """
 
 from __future__ import annotations
@@ -80,10 +81,15 @@ def quantize_openvino(source: Path, destination: Path, spec: ModelSpec, calibrat
     nodes = quantizable_nodes(model)
     kept = excluded_nodes(nodes, spec.cpu.quantize_exclude, spec, source)
     batches = list(calibration_batches(calibration.encodings))
+    advanced = {}
+    if spec.cpu.smooth_quant_alpha is not None:
+        advanced["smooth_quant_alphas"] = nncf.AdvancedSmoothQuantParameters(
+            matmul=spec.cpu.smooth_quant_alpha)
     try:
         quantized = nncf.quantize(
             model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
             subset_size=len(batches), ignored_scope=nncf.IgnoredScope(names=kept),
+            advanced_parameters=nncf.AdvancedQuantizationParameters(**advanced),
         )
         # fp32 weights stay fp32 (not the fp16 save_model writes by default): what the
         # gate runs is what was kept

@@ -112,7 +112,7 @@ class QualityReport:
     min_cosine: float
     p1_cosine: float
     mean_cosine: float
-    held_out_min: float
+    held_out_min: float | None
     neighbour_agreement: float
     min_neighbour_agreement: float
     neighbours: int
@@ -136,7 +136,8 @@ class QualityReport:
         return {"texts": self.texts, "held_out": self.held_out,
                 "min_cosine": round(self.min_cosine, 6), "p1_cosine": round(self.p1_cosine, 6),
                 "mean_cosine": round(self.mean_cosine, 6),
-                "held_out_min_cosine": round(self.held_out_min, 6),
+                "held_out_min_cosine": (None if self.held_out_min is None
+                                        else round(self.held_out_min, 6)),
                 "neighbour_agreement": round(self.neighbour_agreement, 6),
                 "worst": [{"cosine": round(c, 6), "text": t[:120]} for c, t in self.worst],
                 "families": [f.to_dict() for f in self.families],
@@ -271,9 +272,9 @@ def check_embedding_quality(spec: ModelSpec, gate: QualitySetSpec, quality: Qual
     report = QualityReport(
         spec.name, spec.cpu.gated_variant or "", len(texts), int(held.sum()), float(cosine.min()),
         percentile(sorted(cosine.tolist()), 1.0), float(cosine.mean()),
-        float(cosine[held].min()) if held.any() else float("nan"), float(agreement.mean()),
+        float(cosine[held].min()) if held.any() else None, float(agreement.mean()),
         gate.min_neighbour_agreement, gate.neighbours, families, worst)
-    failed = [f"{f.family} min cosine {f.min_cosine:.4f} < {f.bound} on {f.below} of {f.texts} "
+    failed = [f"{f.family} min cosine {f.min_cosine:.5f} < {f.bound} on {f.below} of {f.texts} "
               f"texts (worst: {f.worst.describe(f.family, f.texts + f.waived_elsewhere)})"
               for f in report.failed]
     if report.neighbour_agreement < gate.min_neighbour_agreement:
@@ -281,13 +282,13 @@ def check_embedding_quality(spec: ModelSpec, gate: QualitySetSpec, quality: Qual
                       f"{report.neighbour_agreement:.4f} < {gate.min_neighbour_agreement}")
     if failed:
         raise QualityError(f"model {spec.name!r}: the {report.variant} quality gate failed: "
-                           + "; ".join(failed) + f" (mean cosine {report.mean_cosine:.4f})", report)
+                           + "; ".join(failed) + f" (mean cosine {report.mean_cosine:.5f})", report)
     return report
 
 
 def _empty_report(spec: ModelSpec, gate: QualitySetSpec, texts: int) -> QualityReport:
     nan = float("nan")
-    return QualityReport(spec.name, spec.cpu.gated_variant or "", texts, 0, nan, nan, nan, nan,
+    return QualityReport(spec.name, spec.cpu.gated_variant or "", texts, 0, nan, nan, nan, None,
                          nan, gate.min_neighbour_agreement, gate.neighbours, (), ())
 
 
@@ -318,7 +319,7 @@ def summary_note(report: QualityReport) -> str:
 
 
 def _figure(value: float | None) -> str:
-    return "—" if value is None else f"{value:.4f}"
+    return "—" if value is None else f"{value:.5f}"
 
 
 def quality_table(report: QualityReport):

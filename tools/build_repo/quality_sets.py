@@ -283,12 +283,27 @@ class Calibration:
     texts: tuple[str, ...]
     encodings: tuple[Encoding, ...]
     left_out: int  # texts of the calibration file left out because they are held out
+    tune_added: int = 0  # tune texts of the quality set added (``cpu.calibrate_on_tune``)
 
 
 def calibration_set(candidates: Sequence[str], quality: QualitySet, tokenizer_file: Path,
-                    max_length: int) -> Calibration:
-    """``candidates`` without the held-out quality texts, tokenized as the gate does."""
+                    max_length: int, tune_families: Sequence[str] = ()) -> Calibration:
+    """``candidates`` without the held-out quality texts, then the ``tune`` texts of
+    ``tune_families`` not already there, tokenized as the gate does.
+
+    Raises:
+        QualitySetError: a family of ``tune_families`` has no text in the quality set.
+    """
+    missing = [f for f in tune_families if not quality.members(f)]
+    if missing:
+        raise QualitySetError(f"field 'cpu.calibrate_on_tune': {missing} has no text in the "
+                              f"quality set (families: {', '.join(quality.family_names())})")
     held = quality.held_out
     kept = [t for t in candidates if t not in held]
-    return Calibration(tuple(kept), tuple(tokenize(kept, tokenizer_file, max_length)),
-                       len(candidates) - len(kept))
+    present = set(kept)
+    added = [t for t in dict.fromkeys(quality.texts[i].text for f in tune_families
+                                      for i in quality.members(f)
+                                      if quality.texts[i].split == TUNE) if t not in present]
+    texts = kept + added
+    return Calibration(tuple(texts), tuple(tokenize(texts, tokenizer_file, max_length)),
+                       len(candidates) - len(kept), len(added))

@@ -358,6 +358,12 @@ def _family(value: str) -> str:
         raise fail("family", str(exc)) from None
 
 
+def _alpha(value: float) -> float:
+    if value != -1 and not 0 <= value <= 1:
+        raise fail("alpha", f"must be in [0, 1], or -1 (off), got {value}")
+    return value
+
+
 def _said(value: str) -> str:
     if not value.strip():
         raise fail("empty", "must say why (it is what a reviewer reads)")
@@ -474,6 +480,18 @@ class CpuSpec:
         "elsewhere): a UTF-8 file of real texts, one per line, that static quantization measures "
         "activation ranges on, tokenized as `quality` says. Texts that are also in "
         "`quality.texts` are left out of calibration (the gate must judge unseen texts).",
+    )
+    calibrate_on_tune: tuple[Annotated[str, AfterValidator(_family)], ...] = Field(
+        (),
+        description="With `runtime: openvino` and `optimize: int8`: families of the quality set "
+        "(`form:degenerate`, ...) whose `tune` texts join `calibration_texts`; held-out texts "
+        "never do.",
+    )
+    smooth_quant_alpha: Omittable[Annotated[float, AfterValidator(_alpha)]] = Field(
+        None,
+        description="With `runtime: openvino` and `optimize: int8`: NNCF's SmoothQuant strength "
+        "for MatMuls, in [0, 1] (-1: off); default the transformer preset's (0.95). Chosen on the "
+        "quality set's tune part (`scripts/ov_int8_families.py`).",
     )
     runtime: Literal["onnxruntime", "openvino"] = Field(
         "onnxruntime",
@@ -927,10 +945,12 @@ class ModelYaml:
         if ov_int8 and self.cpu.calibration_texts is None:
             rules.add(("cpu", "calibration_texts"), "is required with runtime: openvino and "
                       "optimize: int8 (static quantization measures activation ranges on them)")
-        if not ov_int8 and self.cpu.calibration_texts is not None:
-            rules.add(("cpu", "calibration_texts"), "is used only with runtime: openvino and "
-                      f"optimize: int8, got runtime: {self.cpu.runtime}, optimize: "
-                      f"{self.cpu.optimize} (ONNX Runtime's dynamic int8 needs no calibration)")
+        for key, unset in (("calibration_texts", None), ("calibrate_on_tune", ()),
+                           ("smooth_quant_alpha", None)):
+            if not ov_int8 and getattr(self.cpu, key) != unset:
+                rules.add(("cpu", key), "is used only with runtime: openvino and "
+                          f"optimize: int8, got runtime: {self.cpu.runtime}, optimize: "
+                          f"{self.cpu.optimize} (ONNX Runtime's dynamic int8 needs no calibration)")
         if self.cpu.precision == "bf16" and self.cpu.runtime != "openvino":
             rules.add(("cpu", "precision"), "bf16 needs runtime: openvino (ONNX Runtime's CPU "
                       "provider runs these graphs in fp32)")
