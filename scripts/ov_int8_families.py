@@ -3,7 +3,8 @@ against the shipped int8 and bf16: what was tried for issue 27 (docs/cpu-speed.m
 family").
 
 Usage: python scripts/ov_int8_families.py [--repository model_repository] [--only NAME ...]
-       [--held-out [--table]] [--speed [--time NAME=IR ...]] [--passes 5]
+       [--held-out [--table]] [--accuracy-control ITERATIONS] [--speed [--time NAME=IR ...]]
+       [--passes 5]
 
 Each candidate is NNCF's static int8 of the exported ``model.onnx`` as the build makes it
 (``onnx2ov_int8.quantize_openvino``: transformer preset, calibrated on ``cpu.calibration_texts``
@@ -11,9 +12,11 @@ without the held-out quality texts), with the spec's ``cpu`` fields changed: mor
 in bf16 (``quantize_exclude``), another SmoothQuant strength (``smooth_quant_alpha``), the tune
 part of some families added to calibration (``calibrate_on_tune``). Choices are made on the
 ``tune`` part only: the script prints every family's worst cosine there; ``--held-out`` adds the
-held-out part's, for the record once a choice is made. ``--speed`` times the candidates, the
-repository's ``model.int8.xml`` ("built int8") and bf16 ``model.onnx`` in interleaved passes on the calibration
-texts in length-sorted batches (1 thread batch 8, 2 threads batch 32).
+held-out part's, for the record once a choice is made. ``--accuracy-control`` adds NNCF's
+accuracy-aware quantization, with the tune part's worst cosine as its metric. ``--speed`` times
+the candidates, the repository's ``model.int8.xml`` ("built int8") and bf16 ``model.onnx`` in
+interleaved passes on the calibration texts in length-sorted batches (1 thread batch 8,
+2 threads batch 32).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ LAYERS = "/encoder/encoder/layer.?"
 ATTENTION_OUT = f"{LAYERS}/attention/output/dense/MatMul"
 FFN_UP = f"{LAYERS}/intermediate/dense/MatMul"
 PRESET_ALPHA = 0.95  # NNCF 3.4's AdvancedSmoothQuantParameters.matmul default
+ACCURACY_CONTROL = "accuracy control on the tune part"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,13 +95,14 @@ def quantize(candidate: Candidate, source: Path, destination: Path, model, quali
         smooth_quant_alpha=candidate.alpha, calibrate_on_tune=candidate.calibrate_on_tune)
     calibration = quality_sets.calibration_set(calibration_texts, quality_set, tokenizer,
                                                max_length, cpu.calibrate_on_tune)
-    result = onnx2ov_int8.quantize_openvino(source, destination, dataclasses.replace(model, cpu=cpu),
+    static = destination.with_name(f"{destination.stem}.static.xml") if candidate.dynamic_group else destination
+    result = onnx2ov_int8.quantize_openvino(source, static, dataclasses.replace(model, cpu=cpu),
                                             calibration, quality_set)
-    if candidate.dynamic_group:
+    if candidate.dynamic_group:  # a new file: the static IR's weights are memory-mapped
         import nncf
         import openvino
 
-        ir = openvino.Core().read_model(str(destination))
+        ir = openvino.Core().read_model(str(static))
         dynamic = [n for n in result.kept_fp32
                    if any(fnmatch.fnmatchcase(n, p) for p in model.cpu.quantize_exclude)]
         others = [n for n in onnx2ov_int8.quantizable_nodes(ir) if n not in dynamic]
@@ -106,6 +111,45 @@ def quantize(candidate: Candidate, source: Path, destination: Path, model, quali
         ir.set_rt_info(str(candidate.dynamic_group),
                        ["runtime_options", "DYNAMIC_QUANTIZATION_GROUP_SIZE"])
         openvino.save_model(ir, str(destination), compress_to_fp16=False)
+
+
+def accuracy_control(source: Path, destination: Path, model, quality_set, reference: np.ndarray,
+                     calibration_texts: list[str], tokenizer: Path, max_length: int,
+                     max_iterations: int) -> None:
+    """NNCF's ``quantize_with_accuracy_control`` from issue 13's recipe: quantizers are reverted
+    (their nodes back to bf16), most harmful first, until the metric is within 0.01 of fp32's.
+    The metric is the worst cosine to the fp32 embeddings over the tune part (every family's
+    min at once); the held-out part is never shown to it."""
+    import nncf
+    import openvino
+
+    from tools.build_repo import onnx2ov_int8, quality_sets
+
+    tune = sorted((i for i, t in enumerate(quality_set.texts) if t.split == quality_sets.TUNE),
+                  key=lambda i: len(quality_set.encodings[i][0]))
+    chunks = [tune[k:k + 8] for k in range(0, len(tune), 8)]
+    validation = [next(onnx2ov_int8.calibration_batches([quality_set.encodings[i] for i in chunk], 8))
+                  for chunk in chunks]
+
+    def validate(compiled, data) -> tuple[float, list[float]]:
+        values = []
+        for chunk, feed in zip(chunks, data):
+            got = compiled(feed)[compiled.outputs[0]]
+            values += quality.cosines(reference[chunk], got.astype(np.float64)).tolist()
+        return min(values), values
+
+    calibration = quality_sets.calibration_set(calibration_texts, quality_set, tokenizer, max_length)
+    ov_model = openvino.Core().read_model(str(source))
+    kept = onnx2ov_int8.excluded_nodes(onnx2ov_int8.quantizable_nodes(ov_model),
+                                       model.cpu.quantize_exclude, model, source)
+    batches = list(onnx2ov_int8.calibration_batches(calibration.encodings))
+    quantized = nncf.quantize_with_accuracy_control(
+        ov_model, nncf.Dataset(batches), nncf.Dataset(validation), validate, max_drop=0.01,
+        drop_type=nncf.DropType.ABSOLUTE, model_type=nncf.ModelType.TRANSFORMER,
+        subset_size=len(batches), ignored_scope=nncf.IgnoredScope(names=kept),
+        advanced_accuracy_restorer_parameters=nncf.AdvancedAccuracyRestorerParameters(
+            max_num_iterations=max_iterations))
+    openvino.save_model(quantized, str(destination), compress_to_fp16=False)
 
 
 def family_minima(quality_set, cosine: np.ndarray, split: str) -> dict[str, tuple[float, int]]:
@@ -120,22 +164,25 @@ def family_minima(quality_set, cosine: np.ndarray, split: str) -> dict[str, tupl
 
 
 def throughput(paths: dict[str, Path], batches: list[dict], threads: int, passes: int,
-               precision: str) -> dict[str, list[float]]:
-    """texts/s of each model per pass, the models interleaved within every pass."""
+               precision: str) -> dict[str, tuple[list[float], list[float]]]:
+    """Per model and pass: texts per second of wall time and per second of this process's CPU
+    time (the second moves far less when other work shares the cores), the models interleaved
+    within every pass."""
     from pipeline_ops.onnx_session import OpenVinoSession
 
     sessions = {name: OpenVinoSession(path, threads, precision) for name, path in paths.items()}
     for session in sessions.values():  # first runs compile kernels for these shapes
         for feed in batches:
             session.run(None, feed)
-    rates: dict[str, list[float]] = {name: [] for name in sessions}
+    rates: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in sessions}
+    rows = sum(len(feed["input_ids"]) for feed in batches)
     for _ in range(passes):
         for name, session in sessions.items():
-            start, rows = time.perf_counter(), 0
+            wall, cpu = time.perf_counter(), time.process_time()
             for feed in batches:
                 session.run(None, feed)
-                rows += len(feed["input_ids"])
-            rates[name].append(rows / (time.perf_counter() - start))
+            rates[name][0].append(rows / (time.perf_counter() - wall))
+            rates[name][1].append(rows / (time.process_time() - cpu))
     return rates
 
 
@@ -158,6 +205,9 @@ def main() -> None:
                         help="also print the held-out part (only once the choice is made)")
     parser.add_argument("--table", action="store_true",
                         help="with --held-out: each candidate's per-family gate table")
+    parser.add_argument("--accuracy-control", type=int, default=0, metavar="ITERATIONS",
+                        help="also NNCF's quantize_with_accuracy_control, at most this many "
+                        "quantizers reverted")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--time", nargs="*", default=[], metavar="NAME=IR",
                         help="with --speed: more IRs to time (e.g. another build's model.int8.xml)")
@@ -183,11 +233,18 @@ def main() -> None:
           "prose min | families < 0.99 | quantize s |")
     print("|---|---|---|---|---|---|---|---|---|")
     paths = {}
-    for name in list(CANDIDATES) if args.only is None else args.only:
+    names = list(CANDIDATES) if args.only is None else list(args.only)
+    if args.accuracy_control:
+        names.append(ACCURACY_CONTROL)
+    for name in names:
         path = scratch / f"{name.replace(' ', '_')}.xml"
         started = time.perf_counter()
-        quantize(CANDIDATES[name], source, path, model, quality_set, calibration_texts, tokenizer,
-                 gate.max_length)
+        if name == ACCURACY_CONTROL:
+            accuracy_control(source, path, model, quality_set, reference, calibration_texts,
+                             tokenizer, gate.max_length, args.accuracy_control)
+        else:
+            quantize(CANDIDATES[name], source, path, model, quality_set, calibration_texts,
+                     tokenizer, gate.max_length)
         seconds = time.perf_counter() - started
         paths[name] = path
         runner, _ = openvino_runner(str(path), spec.cpu_cores, model.cpu.precision, spec.backends)
@@ -217,10 +274,12 @@ def main() -> None:
     for threads, batch in ((1, 8), (2, 32)):
         rates = throughput(timed, list(onnx2ov_int8.calibration_batches(calibration.encodings, batch)),
                            threads, args.passes, model.cpu.precision)
-        base = statistics.median(rates["built int8"])
-        print(f"  {threads} thread(s), batch {batch}: " + ", ".join(
-            f"{name} {statistics.median(v):.1f} ({statistics.median(v) / base:.2f}x)"
-            for name, v in rates.items()), flush=True)
+        for kind, label in ((0, "texts/s"), (1, "texts per CPU-second")):
+            base = statistics.median(rates["built int8"][kind])
+            print(f"  {threads} thread(s), batch {batch}, {label}: " + ", ".join(
+                f"{name} {statistics.median(v[kind]):.1f} ({statistics.median(v[kind]) / base:.2f}x)"
+                for name, v in rates.items()), flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

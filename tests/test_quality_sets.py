@@ -173,6 +173,22 @@ def test_calibration_leaves_out_held_out_texts_and_counts_them(tmp_path):
     assert len(calibration.encodings) == 3
 
 
+def test_calibration_takes_the_tune_texts_of_the_named_families_and_never_the_held_out(tmp_path):
+    quality_set, tokenizer = _small_set(tmp_path)
+    calibration = quality_sets.calibration_set(["c0", "w1"], quality_set, tokenizer, 16,
+                                               tune_families=("form:degenerate",))
+    degenerate_tune = [f"w{i}" for i in range(24) if i % 2 and i % 3]
+    assert calibration.texts == ("c0", "w1", *[t for t in degenerate_tune if t != "w1"])
+    assert calibration.tune_added == len(degenerate_tune) - 1 and calibration.left_out == 0
+    assert not set(calibration.texts) & quality_set.held_out
+
+
+def test_calibrating_on_a_family_the_set_lacks_is_an_error_naming_the_field(tmp_path):
+    quality_set, tokenizer = _small_set(tmp_path)
+    with pytest.raises(QualitySetError, match=r"'cpu.calibrate_on_tune': \['form:code'\] has no text"):
+        quality_sets.calibration_set(["c0"], quality_set, tokenizer, 16, tune_families=("form:code",))
+
+
 def test_quantizing_on_a_held_out_text_is_refused_before_anything_is_written(tmp_path):
     from tools.build_repo import onnx2ov_int8
 
@@ -405,6 +421,20 @@ def test_a_bad_waiver_is_refused_naming_the_field(tmp_path, waiver, error):
     with pytest.raises(SpecError) as info:
         load_spec(write_spec(tmp_path, data))
     assert "model 'minilm_encoder_int8'" in str(info.value) and error in str(info.value)
+
+
+@pytest.mark.parametrize(("model", "cpu", "error"), [
+    ("minilm_encoder_int8", {"smooth_quant_alpha": 1.5}, "'cpu.smooth_quant_alpha' must be in [0, 1], or -1 (off)"),
+    ("minilm_encoder_int8", {"calibrate_on_tune": ["degenerate"]}, "'cpu.calibrate_on_tune[0]' 'degenerate' is not a family"),
+    ("minilm_encoder_bf16", {"smooth_quant_alpha": 0.5}, "'cpu.smooth_quant_alpha' is used only with runtime: openvino and optimize: int8"),
+    ("minilm_encoder_bf16", {"calibrate_on_tune": ["form:degenerate"]}, "'cpu.calibrate_on_tune' is used only with runtime: openvino and optimize: int8"),
+])
+def test_int8_calibration_settings_are_refused_where_they_cannot_apply(tmp_path, model, cpu, error):
+    data = project_spec()
+    data["models"][model]["cpu"].update(cpu)
+    with pytest.raises(SpecError) as info:
+        load_spec(write_spec(tmp_path, data))
+    assert f"model {model!r}: field " in str(info.value) and error in str(info.value)
 
 
 def test_a_family_waived_twice_is_refused(tmp_path):
