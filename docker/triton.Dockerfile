@@ -12,16 +12,26 @@ FROM ${TRITON_IMAGE} AS serve
 ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
-RUN python3 -m pip install -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
+# tini: PID 1 of the Kubernetes pod (reaps orphans, forwards signals); busybox-static: the one
+# binary of the model-repository artifact (tools deploy package copies it from this image).
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        tini busybox-static \
+ && rm -rf /var/lib/apt/lists/*
+# Exactly the files of docker/requirements-serve.lock, each checked against its sha256
+# (scripts/lock-requirements.sh).
+COPY docker/requirements-serve.lock /tmp/requirements-serve.lock
+RUN python3 -m pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock \
+ && rm /tmp/requirements-serve.lock
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service.
-COPY tools/__init__.py tools/errors.py tools/process.py /opt/triton-forge/tools/
+COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
+     /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/
-COPY tools/build_repo/__init__.py tools/build_repo/manifest.py /opt/triton-forge/tools/build_repo/
+COPY tools/serve/probes.py tools/serve/grpc_guard.py /opt/triton-forge/tools/serve/
+COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
-     docker/healthcheck_probes.json \
+     docker/healthcheck_probes.json docker/verify_repository.py \
      /opt/triton-forge/docker/
 
 FROM serve AS builder
@@ -37,13 +47,20 @@ COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
 RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu \
         -c /tmp/constraints-cpu.txt torch \
  && python3 -m pip install -c /tmp/constraints-cpu.txt -e ".[load]"
-# The tensorrt Python module must be the TensorRT of this image: take the version from the
-# image's own libnvinfer (the probe the serving guard uses) and the CUDA major from the NGC
-# image's CUDA_VERSION. cuda-python of the same CUDA major gives the plan's parity check its
-# device memory and stream (torch here is the CPU build).
-RUN TRT="$(python3 -c 'from tools.serve.trt_guard import detect_runtime; print(detect_runtime().tensorrt_version or "")')" \
- && test -n "$TRT" \
- && echo "installing tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.* and cuda-python ${CUDA_VERSION%%.*} to match this image" \
- && python3 -m pip install "tensorrt-cu${CUDA_VERSION%%.*}==${TRT}.*" "cuda-python==${CUDA_VERSION%%.*}.*"
-ENTRYPOINT []
+# TensorRT's Python module over this image's own libnvinfer, so a plan is built by the library
+# tritonserver loads it with: only the bindings wheel of the image's TensorRT version and CUDA
+# major (`tensorrt-cu13-bindings==10.13.2.*` on 25.08; no dependencies, no second TensorRT), and
+# cuda-python of that CUDA major for the parity check's device memory (torch here is CPU-only).
+# The full tensorrt-cu13 wheels before the .post1 rebuilds of November 2025 depend on
+# nvidia-cuda-runtime-cu13, a stub that refuses to install. The requirements come from the
+# serving guard's probe (tests/test_gpu_pins.py runs these lines against recorded PyPI metadata).
+RUN python3 -m tools.serve.trt_guard --builder-requirements > /tmp/requirements-tensorrt.txt \
+ && echo "installing, to match this image: $(tr '\n' ' ' < /tmp/requirements-tensorrt.txt)" \
+ && python3 -m pip install -c /tmp/constraints-cpu.txt -r /tmp/requirements-tensorrt.txt \
+ && python3 -m tools.serve.trt_guard --check-module \
+ && rm /tmp/requirements-tensorrt.txt
+# NGC's entrypoint sets up CUDA forward compatibility (older data-center drivers) before the
+# command runs, as for the triton service; images without it (the CPU test images) run the
+# command directly. NVIDIA_ENTRYPOINT only moves it for tests.
+ENTRYPOINT ["/bin/sh", "-c", "nv=\"${NVIDIA_ENTRYPOINT:-/opt/nvidia/nvidia_entrypoint.sh}\"; if [ -x \"$nv\" ]; then exec \"$nv\" \"$@\"; fi; exec \"$@\"", "builder-entrypoint"]
 CMD ["tools", "--help"]

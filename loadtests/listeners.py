@@ -18,10 +18,12 @@ from typing import Any
 import gevent
 from locust import events
 
+from loadtests import scenarios
 from loadtests.users import close_grpc_clients
 from tools import stats
+from tools.errors import UserInputError
 from tools.loadtest import gate, triton_stats
-from tools.loadtest.slo import DEFAULT_SLO_FILE, load_slo
+from tools.loadtest.slo import DEFAULT_SLO_FILE, scenario_slo
 
 logger = logging.getLogger("loadtests")
 EXIT_PASS, EXIT_SLO_MISSED, EXIT_GATE_ERROR = 0, 1, 2
@@ -124,9 +126,24 @@ def _stream_loop(environment) -> None:
             _send_records(environment, final=False)
 
 
+def _check_scenarios(environment) -> None:
+    """Build every user's scenario now: a bad --scenario or --data ends the run at once (2)."""
+    for cls in environment.user_classes:
+        try:
+            scenarios.chosen(environment.parsed_options, getattr(cls, "default_scenario", ""))
+        except UserInputError as exc:
+            print(f"SCENARIO ERROR: {exc}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_GATE_ERROR)
+
+
 @events.init.add_listener
 def _on_init(environment, **_: Any) -> None:
     role = _role(environment)
+    if role != "worker" and environment.parsed_options is not None:
+        _check_scenarios(environment)
+    # The hub's clock was last read before the imports and the scenario build; Locust's -t timer
+    # is set from it right after init, so a stale clock would end the run seconds early.
+    gevent.get_hub().loop.update_now()
     if role == "master":
 
         def on_records(msg, **_kw: Any) -> None:
@@ -174,6 +191,11 @@ def _add_arguments(parser) -> None:
                        help="Seconds from the start excluded from the gate.")
     group.add_argument("--slo-file", default=str(DEFAULT_SLO_FILE), help="SLO YAML file.")
     group.add_argument("--slo-profile", default="cpu", help="SLO profile (cpu, gpu).")
+    group.add_argument("--p99-ms", type=float, default=None,
+                       help="P99 target over the SLO file's (enough for a scenario it lacks).")
+    group.add_argument("--max-error-ratio", type=float, default=None,
+                       help="Error-ratio limit over the SLO file's.")
+    scenarios.add_arguments(group)
     group.add_argument("--report-dir", default="loadtest-report",
                        help="Where requests.csv/.json and summary.json are written.")
     group.add_argument("--stats-url", default="",
@@ -279,6 +301,17 @@ def _on_test_stop(environment, **_: Any) -> None:
         RECORDER.stats_after = _snapshot(environment)
 
 
+def _load_described(environment) -> dict[str, Any]:
+    """Per scenario: what each input sends, how many distinct requests, their digest."""
+    out = {}
+    for cls in environment.user_classes:
+        scenario = scenarios.chosen(_options(environment), cls.default_scenario)
+        out[scenario.name] = {"spec": str(Path(_options(environment).spec).resolve()),
+                              "inputs": scenario.describe(), "requests": len(scenario.requests),
+                              "digest": scenario.digest}
+    return out
+
+
 def run_gate(environment) -> int:
     """Summarise, write the reports, print the verdicts and return the exit code."""
     opts = _options(environment)
@@ -289,25 +322,30 @@ def run_gate(environment) -> int:
     report_dir = Path(opts.report_dir)
     records = sorted(RECORDER.records, key=lambda r: r.start_s)
     gate.write_records(records, report_dir / "requests.csv", report_dir / "requests.json")
-    pairs = sorted({(cls.scenario.name, cls.protocol) for cls in environment.user_classes})
+    pairs = sorted({(scenarios.name_of(opts, cls.default_scenario), cls.protocol)
+                    for cls in environment.user_classes})
     results, verdicts, code = [], [], EXIT_PASS
     for scenario, protocol in pairs:
         summary = gate.summarize(
             records, scenario=scenario, protocol=protocol, warmup_s=opts.warmup, stop_s=stop_s
         )
-        targets = load_slo(Path(opts.slo_file), opts.slo_profile, scenario).targets[protocol]
-        if opts.arrival_rate > 0:
+        slo = scenario_slo(Path(opts.slo_file), opts.slo_profile, scenario, p99_ms=opts.p99_ms,
+                           max_error_ratio=opts.max_error_ratio)
+        targets = slo.targets[protocol]
+        if opts.arrival_rate > 0 and targets.min_throughput_rps is not None:
             capped = min(targets.min_throughput_rps, OPEN_LOOP_THROUGHPUT_SHARE * opts.arrival_rate)
             targets = gate.Targets(targets.p99_ms, targets.max_error_ratio, capped)
         missed = gate.violations(summary, targets)
         line = gate.verdict_line(summary, targets, opts.slo_profile)
-        stats_entry = environment.stats.entries.get((scenario_model(environment, scenario), protocol))
+        # The scenario's requests go to the model of its own name (the request event's name).
+        stats_entry = environment.stats.entries.get((scenario, protocol))
         locust_p99 = stats_entry.get_response_time_percentile(0.99) if stats_entry else None
         print(gate.format_summary(summary), flush=True)
         results.append(
             {
                 "summary": summary.to_dict(),
                 "targets": vars(targets),
+                "targets_from": slo.source,
                 "violations": missed,
                 "verdict": line,
                 "locust_rounded_p99_ms_all_requests": locust_p99,
@@ -338,6 +376,7 @@ def run_gate(environment) -> int:
             "warmup_s": opts.warmup,
             "stop_s": stop_s,
             "percentile_method": stats.METHOD,
+            "load": _load_described(environment),
             "results": results,
             "triton": triton,
             "exit_code": code,
@@ -348,14 +387,6 @@ def run_gate(environment) -> int:
     (report_dir / "verdict.txt").write_text("\n".join(verdicts) + "\n", encoding="utf-8")
     RECORDER.verdicts = verdicts
     return code
-
-
-def scenario_model(environment, scenario: str) -> str:
-    """The model name the users of ``scenario`` report as the request name."""
-    for cls in environment.user_classes:
-        if cls.scenario.name == scenario:
-            return cls.scenario.model
-    return scenario
 
 
 @events.quitting.add_listener

@@ -1,7 +1,8 @@
-"""Locust entry point: the concrete users (one per scenario and protocol) and the gate listeners.
+"""Locust entry point: one user per protocol for any pipeline or model of the spec, and the gate.
 
-Pick users by class name, e.g. ``locust -f loadtests/locustfile.py --headless -u 8 -t 40s
---host 127.0.0.1:8001 TextEmbeddingGrpcUser``; ``tools loadtest`` does this for you.
+``locust -f loadtests/locustfile.py --headless -u 8 -t 40s --host 127.0.0.1:8001
+--scenario text_embedding ScenarioGrpcUser``; ``tools loadtest`` does this for you. The load of
+``--scenario`` is derived from the spec's typed inputs (``tools/load/scenario.py``).
 """
 
 # gRPC must be made gevent-cooperative before any channel exists (and after Locust's
@@ -18,21 +19,30 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from loadtests import listeners  # noqa: F401  (registers the gate)
-from loadtests.scenarios import SCENARIOS
 from loadtests.users import TritonGrpcUser, TritonHttpUser
 
 
-class TextEmbeddingHttpUser(TritonHttpUser):
-    scenario = SCENARIOS["text_embedding"]
+class ScenarioHttpUser(TritonHttpUser):
+    """``--scenario`` over tritonclient HTTP."""
 
 
-class TextEmbeddingGrpcUser(TritonGrpcUser):
-    scenario = SCENARIOS["text_embedding"]
+class ScenarioGrpcUser(TritonGrpcUser):
+    """``--scenario`` over tritonclient gRPC."""
 
 
-class ImageClassificationHttpUser(TritonHttpUser):
-    scenario = SCENARIOS["image_classification"]
+# The shipped pipelines under the class names docker-compose.yml's LOCUST_USER_CLASS uses; the
+# same users as above, with a default for runs that give no --scenario.
+class TextEmbeddingHttpUser(ScenarioHttpUser):
+    default_scenario = "text_embedding"
 
 
-class ImageClassificationGrpcUser(TritonGrpcUser):
-    scenario = SCENARIOS["image_classification"]
+class TextEmbeddingGrpcUser(ScenarioGrpcUser):
+    default_scenario = "text_embedding"
+
+
+class ImageClassificationHttpUser(ScenarioHttpUser):
+    default_scenario = "image_classification"
+
+
+class ImageClassificationGrpcUser(ScenarioGrpcUser):
+    default_scenario = "image_classification"

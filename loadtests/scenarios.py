@@ -1,113 +1,51 @@
-"""The load-test scenarios: which pipeline, which payloads, and how a response is checked.
+"""The scenario a Locust process sends: ``--scenario`` of ``--spec`` (and ``--data``).
 
-Payloads are shipped in ``loadtests/data`` (texts of many lengths and scripts, small JPEG/PNG
-photos), so every run on every machine sends the same requests.
+Built once per process by ``tools.load.scenario`` from the spec's typed inputs, so any pipeline
+or model of the spec can be loaded; a worker builds it from the options its master sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import cached_property
+import functools
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+from tools import paths
+from tools.errors import UserInputError
+from tools.load.scenario import Scenario, load_scenario
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-TEXTS_FILE = DATA_DIR / "texts.txt"
-IMAGES_DIR = DATA_DIR / "images"
-_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
-
-
-@dataclass(frozen=True)
-class Payload:
-    """One request's inputs: (name, array with the batch axis, Triton datatype) triples."""
-
-    label: str
-    inputs: tuple[tuple[str, np.ndarray, str], ...]
+DEFAULT_SPEC = paths.SPEC_FILE
 
 
-def load_texts(path: Path = TEXTS_FILE) -> list[str]:
-    """The shipped texts, one per line (UTF-8), empty lines skipped."""
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def add_arguments(group: Any) -> None:
+    """The locustfile's options that choose the scenario."""
+    group.add_argument("--scenario", default="",
+                       help="Pipeline or model of --spec to load (default: the user class's).")
+    group.add_argument("--spec", default=str(DEFAULT_SPEC), help="The repository spec.")
+    group.add_argument("--data", default="",
+                       help="Texts (one per line), a folder of images, or JSON lines (one "
+                       "request per line) instead of the shipped payloads.")
 
 
-def load_images(directory: Path = IMAGES_DIR) -> list[tuple[str, bytes]]:
-    """The shipped images as (file name, encoded bytes), sorted by name."""
-    return [
-        (p.name, p.read_bytes())
-        for p in sorted(directory.iterdir())
-        if p.suffix.lower() in _IMAGE_SUFFIXES
-    ]
+def name_of(options: Any, default: str = "") -> str:
+    """The scenario name the options (or the user class's default) choose.
+
+    Raises:
+        UserInputError: neither gives one.
+    """
+    name = getattr(options, "scenario", "") or default
+    if not name:
+        raise UserInputError("--scenario: name the pipeline or model to load")
+    return name
 
 
-def _bytes_input(name: str, value: bytes) -> tuple[str, np.ndarray, str]:
-    return (name, np.array([[value]], dtype=np.object_), "BYTES")
+def chosen(options: Any, default: str = "") -> Scenario:
+    """The scenario of the options, built once per process."""
+    data = getattr(options, "data", "") or ""
+    spec = getattr(options, "spec", "") or str(DEFAULT_SPEC)
+    return _build(str(Path(spec).resolve()), name_of(options, default), data)
 
 
-class Scenario:
-    """A pipeline under load: its model, its payloads and a check of each response."""
-
-    name: str = ""
-    model: str = ""
-    outputs: tuple[str, ...] = ()
-
-    @cached_property
-    def payloads(self) -> list[Payload]:
-        """Every payload of the scenario (built once per process)."""
-        raise NotImplementedError
-
-    def check(self, outputs: Mapping[str, np.ndarray]) -> str | None:
-        """Return why a response is wrong, or None when it is as the contract says."""
-        raise NotImplementedError
-
-
-class TextEmbedding(Scenario):
-    """``text_embedding``: one text in, one L2-normalised 384-d embedding out."""
-
-    name = "text_embedding"
-    model = "text_embedding"
-    outputs = ("EMBEDDING",)
-
-    @cached_property
-    def payloads(self) -> list[Payload]:
-        return [
-            Payload(label=f"text-{i}", inputs=(_bytes_input("TEXT", text.encode("utf-8")),))
-            for i, text in enumerate(load_texts())
-        ]
-
-    def check(self, outputs: Mapping[str, np.ndarray]) -> str | None:
-        emb = outputs.get("EMBEDDING")
-        if emb is None or emb.shape != (1, 384):
-            return f"EMBEDDING has shape {None if emb is None else emb.shape}, expected (1, 384)"
-        norm = float(np.linalg.norm(emb))
-        if not abs(norm - 1.0) < 1e-3:
-            return f"EMBEDDING norm {norm:.4f}, expected 1 (L2-normalised)"
-        return None
-
-
-class ImageClassification(Scenario):
-    """``image_classification``: one encoded image in, top-K classes, scores and labels out."""
-
-    name = "image_classification"
-    model = "image_classification"
-    outputs = ("CLASS_INDEX", "SCORE", "LABEL")
-
-    @cached_property
-    def payloads(self) -> list[Payload]:
-        return [
-            Payload(label=name, inputs=(_bytes_input("IMAGE", data),))
-            for name, data in load_images()
-        ]
-
-    def check(self, outputs: Mapping[str, np.ndarray]) -> str | None:
-        shapes = {name: getattr(outputs.get(name), "shape", None) for name in self.outputs}
-        first = shapes["CLASS_INDEX"]
-        if first is None or len(first) != 2 or first[0] != 1 or first[1] < 1:
-            return f"CLASS_INDEX has shape {first}, expected (1, K)"
-        if any(shape != first for shape in shapes.values()):
-            return f"outputs disagree on shape: {shapes}"
-        return None
-
-
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (TextEmbedding(), ImageClassification())}
+@functools.lru_cache(maxsize=8)
+def _build(spec: str, name: str, data: str) -> Scenario:
+    return load_scenario(Path(spec), name, Path(data) if data else None)

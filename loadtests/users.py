@@ -1,4 +1,4 @@
-"""Abstract tritonclient Locust users, one per protocol; concrete users name only a scenario.
+"""Abstract tritonclient Locust users, one per protocol; the scenario comes from ``--scenario``.
 
 Every call is reported through Locust's request event with its exact latency. Closed loop: each
 user sends, waits for the answer, sends again. Open loop (``--arrival-rate``): each user is a
@@ -19,7 +19,9 @@ import gevent
 import numpy as np
 from locust import User, task
 
-from loadtests.scenarios import Payload, Scenario
+from loadtests import scenarios
+from tools.load.request import Request, triton_dtype
+from tools.load.scenario import Scenario
 
 CLIENT_TIMEOUT_S = 60.0
 DEFAULT_MAX_INFLIGHT = 256
@@ -81,18 +83,20 @@ def _one_line(exc: BaseException) -> str:
 class TritonUser(User):
     """Sends a scenario's payloads to Triton and reports each call with its exact latency.
 
-    Subclasses per protocol implement ``_connect``, ``_build_inputs``, ``_infer`` and ``_close``;
-    concrete users only set ``scenario``.
+    Subclasses per protocol implement ``_connect``, ``_build_inputs``, ``_infer`` and ``_close``.
+    The scenario is ``--scenario`` of ``--spec`` (``loadtests.scenarios``); a concrete user may
+    name a ``default_scenario`` for runs without the option.
     """
 
     abstract = True
     protocol: ClassVar[str] = ""
-    scenario: ClassVar[Scenario]
+    default_scenario: ClassVar[str] = ""
     host = "127.0.0.1:8000"
 
     def __init__(self, environment) -> None:
         super().__init__(environment)
         options = environment.parsed_options
+        self.scenario: Scenario = scenarios.chosen(options, self.default_scenario)
         rate = float(getattr(options, "arrival_rate", 0) or 0)
         users = max(int(getattr(options, "num_users", 1) or 1), 1)
         self._rate_per_user = rate / users
@@ -100,7 +104,7 @@ class TritonUser(User):
         self._inflight: set[gevent.Greenlet] = set()
         self._next_tick = 0.0
         seed = next(_user_seed)
-        order = list(range(len(self.scenario.payloads)))
+        order = list(range(len(self.scenario.requests)))
         random.Random(seed).shuffle(order)
         self._order = itertools.cycle(order)
         self._inputs: dict[int, Any] = {}
@@ -109,7 +113,7 @@ class TritonUser(User):
     def _connect(self, url: str, pool: int) -> None:
         raise NotImplementedError
 
-    def _build_inputs(self, payload: Payload) -> Any:
+    def _build_inputs(self, request: Request) -> Any:
         raise NotImplementedError
 
     def _infer(self, inputs: Any) -> Mapping[str, np.ndarray]:
@@ -161,21 +165,21 @@ class TritonUser(User):
     # -- one request ----------------------------------------------------------------------
     def _timed_call(self, start: float) -> None:
         index = next(self._order)
-        payload = self.scenario.payloads[index]
+        request = self.scenario.requests[index]
         inputs = self._inputs.get(index)
         if inputs is None:
-            inputs = self._inputs[index] = self._build_inputs(payload)
+            inputs = self._inputs[index] = self._build_inputs(request)
         exception: BaseException | None = None
         size = 0
         try:
             outputs = self._infer(inputs)
             size = _response_bytes(outputs)
-            problem = self.scenario.check(outputs)
+            problem = self.scenario.check(request, outputs)
             if problem:
                 exception = ResponseError(problem)
         except Exception as exc:  # noqa: BLE001 - every failure is a recorded error
             exception = exc
-        self._fire(start, payload.label, size, exception)
+        self._fire(start, self.scenario.labels[index], size, exception)
 
     def _fire(self, start: float, label: str, size: int, exception: BaseException | None) -> None:
         latency_ms = (time.perf_counter() - start) * 1000.0
@@ -207,20 +211,21 @@ class TritonHttpUser(TritonUser):
             network_timeout=CLIENT_TIMEOUT_S,
         )
         self._outputs = [
-            httpclient.InferRequestedOutput(name, binary_data=True) for name in self.scenario.outputs
+            httpclient.InferRequestedOutput(name, binary_data=True)
+            for name in self.scenario.output_names
         ]
 
-    def _build_inputs(self, payload: Payload) -> list[Any]:
+    def _build_inputs(self, request: Request) -> list[Any]:
         inputs = []
-        for name, array, datatype in payload.inputs:
-            item = self._mod.InferInput(name, list(array.shape), datatype)
+        for name, array in request.inputs.items():
+            item = self._mod.InferInput(name, list(array.shape), triton_dtype(array))
             item.set_data_from_numpy(array, binary_data=True)
             inputs.append(item)
         return inputs
 
     def _infer(self, inputs: Any) -> Mapping[str, np.ndarray]:
         result = self.client.infer(self.scenario.model, inputs, outputs=self._outputs)
-        return {name: result.as_numpy(name) for name in self.scenario.outputs}
+        return {name: result.as_numpy(name) for name in self.scenario.output_names}
 
     def _close(self) -> None:
         client = getattr(self, "client", None)
@@ -241,12 +246,14 @@ class TritonGrpcUser(TritonUser):
         self._mod = grpcclient
         self.client = grpcclient.InferenceServerClient(url)
         _OPEN_GRPC_CLIENTS.add(self.client)
-        self._outputs = [grpcclient.InferRequestedOutput(name) for name in self.scenario.outputs]
+        self._outputs = [
+            grpcclient.InferRequestedOutput(name) for name in self.scenario.output_names
+        ]
 
-    def _build_inputs(self, payload: Payload) -> list[Any]:
+    def _build_inputs(self, request: Request) -> list[Any]:
         inputs = []
-        for name, array, datatype in payload.inputs:
-            item = self._mod.InferInput(name, list(array.shape), datatype)
+        for name, array in request.inputs.items():
+            item = self._mod.InferInput(name, list(array.shape), triton_dtype(array))
             item.set_data_from_numpy(array)
             inputs.append(item)
         return inputs
@@ -255,7 +262,7 @@ class TritonGrpcUser(TritonUser):
         result = self.client.infer(
             self.scenario.model, inputs, outputs=self._outputs, client_timeout=CLIENT_TIMEOUT_S
         )
-        return {name: result.as_numpy(name) for name in self.scenario.outputs}
+        return {name: result.as_numpy(name) for name in self.scenario.output_names}
 
     def _close(self) -> None:
         client = getattr(self, "client", None)

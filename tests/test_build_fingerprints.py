@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.build_repo import fingerprints, manifest, onnx2trt
+from tools import manifest
+from tools.build_repo import fingerprints, onnx2trt
 from tools.build_repo.builders import PytorchBuilder
 from tools.build_repo.config import render
 from tools.build_repo.ensemble import render_all
@@ -67,7 +68,8 @@ def test_a_new_tensorrt_or_another_gpu_changes_the_export_key_of_a_tensorrt_mode
 
 
 def test_every_module_of_the_build_package_is_in_the_full_key_unless_declared_not_shaping():
-    package = {p.name for p in fingerprints.PACKAGE.glob("*.py")}
+    package = {p.relative_to(fingerprints.PACKAGE).as_posix()
+               for p in fingerprints.PACKAGE.rglob("*.py")}
     assert fingerprints.NOT_SHAPING <= package and fingerprints.PACKAGING_ONLY <= package
 
     full = set(fingerprints.builder_sources())
@@ -76,5 +78,7 @@ def test_every_module_of_the_build_package_is_in_the_full_key_unless_declared_no
     assert full == package - fingerprints.NOT_SHAPING
     # The modules that write the folders and trace the export are in the keys.
     assert {"builders.py", "repository.py", "config.py"} <= full
-    assert {"builders.py", "torch2onnx.py", "parity.py", "onnx2trt.py", "spec.py"} <= export
+    assert {"builders.py", "torch2onnx.py", "parity.py", "onnx2trt.py", "model_source.py"} <= export
+    # the spec's defaults and derived values shape the export too (a subpackage is in the key)
+    assert {"spec/entries.py", "spec/settings.py", "spec/values.py"} <= export
     assert export == full - fingerprints.PACKAGING_ONLY

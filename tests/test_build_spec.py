@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from pathlib import Path
 
 import pytest
@@ -131,11 +132,15 @@ def test_python_model_preferred_batch_size_above_max_batch_size_is_refused_namin
 
 
 def _messages(tmp_path: Path, data: dict) -> list[str]:
-    """The lines of the SpecError the spec raises, the file's path removed."""
+    """The lines of the SpecError the spec raises, each checked to start with the file's path,
+    line and column, which are removed."""
     path = _write(tmp_path, data)
     with pytest.raises(SpecError) as info:
         load_spec(path)
-    return [line.removeprefix(f"{path.resolve()}: ") for line in str(info.value).splitlines()]
+    where = re.compile(rf"^{re.escape(str(path.resolve()))}:\d+:\d+: ")
+    lines = str(info.value).splitlines()
+    assert all(where.match(line) for line in lines), lines
+    return [where.sub("", line) for line in lines]
 
 
 def test_spec_reports_every_problem_of_the_file_at_once_one_line_each(tmp_path):
@@ -338,7 +343,7 @@ def test_spec_rejects_a_yaml_date_where_a_string_belongs(tmp_path):
 def test_spec_rejects_a_document_that_is_not_a_mapping(tmp_path):
     path = tmp_path / "repository.yaml"
     path.write_text("- models\n")
-    with pytest.raises(SpecError, match=r"repository\.yaml: must be a mapping, got \['models'\]"):
+    with pytest.raises(SpecError, match=r"repository\.yaml:1:1: must be a mapping, got \['models'\]"):
         load_spec(path)
 
 
@@ -347,23 +352,23 @@ def test_spec_fills_in_the_defaults_the_builder_reads():
     assert spec.backends == REPO_ROOT / "backends" / "python"
     tokenizer = spec.find("text_tokenizer")
     assert tokenizer.instances.gpu.kind == "cpu" and tokenizer.instances.cpu.intra_op_threads == 1
-    assert tokenizer.parameters == (
+    assert tuple(tokenizer.parameters.items()) == (
         ("tokenizer_file", "tokenizer.json"), ("max_length", "256"),
         ("admission_models", "minilm_encoder,minilm_encoder_int8,minilm_encoder_bf16"),
         ("admission_max_pending", "64"), ("admission_max_wait_ms", "500"),
     )
     image = spec.find("efficientnet_lite0")
     assert image.instances.gpu.kind == "gpu"
-    assert image.warmup.axes == () and image.warmup.count == 1
+    assert image.warmup_lengths == {} and image.warmup.count == 1
     assert image.inputs[0].pad_value == 0 and image.version_policy_latest == 1
     assert (image.atol, image.rtol) == (1e-3, 1e-3)
     assert (image.gpu.fp16_atol, image.gpu.fp16_rtol) == (5e-2, 5e-2)
     encoder = spec.find("minilm_encoder")
     assert encoder.axis("sequence").parity == (16, 128)
-    assert encoder.warmup.axes == (("sequence", 32),)
+    assert encoder.warmup_lengths == {"sequence": 32}
     assert encoder.dynamic_batching.queue_policy is None, "bounded by text_tokenizer's gate"
     assert spec.find("text_tokenizer").dynamic_batching.queue_policy.max_queue_size == 64
-    assert spec.find("text_embedding").steps[0].inputs == (("TEXT", "TEXT"),)
+    assert spec.find("text_embedding").steps[0].inputs == {"TEXT": "TEXT"}
 
 
 def test_spec_hash_is_stable_and_changes_with_the_entry_and_the_target():

@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from tools import process
-from tools.serve.server import LOOPBACK, EmbeddedServer, free_ports, resolve_binary
+from tools.net import LOOPBACK, free_ports
+from tools.serve.server import EmbeddedServer, resolve_binary
 from tools.serve.server_config import TritonServerConfig, binary_options
 
 pytestmark = pytest.mark.server

@@ -175,9 +175,26 @@ def _text_embedding_slo(tmp_path: Path, *, load: str, http: str = _TARGETS,
 
 def test_load_slo_raises_naming_the_field_when_a_target_is_missing(tmp_path: Path):
     path = _text_embedding_slo(tmp_path, load="{users: 2}",
-                               http="{p99_ms: 10, max_error_ratio: 0}")
-    with pytest.raises(UserInputError, match=r"text_embedding\.http: missing min_throughput_rps"):
+                               http="{p99_ms: 10, min_throughput_rps: 1}")
+    with pytest.raises(UserInputError, match=r"text_embedding\.http: missing max_error_ratio"):
         load_slo(path, "cpu", "text_embedding")
+
+
+def test_a_target_without_min_throughput_gates_p99_and_errors_only(tmp_path: Path):
+    path = _text_embedding_slo(tmp_path, load="{users: 2}",
+                               http="{p99_ms: 10, max_error_ratio: 0}")
+    targets = load_slo(path, "cpu", "text_embedding").targets["http"]
+    assert targets.min_throughput_rps is None
+
+    def ten_requests_in_1000_s(latency_ms: float) -> gate.Summary:
+        records = [_record(1.0 + i, latency_ms) for i in range(10)]
+        return gate.summarize(records, scenario="text_embedding", protocol="grpc", warmup_s=0.0,
+                              stop_s=1000.0)
+
+    slow = ten_requests_in_1000_s(5.0)
+    assert gate.violations(slow, targets) == []
+    assert gate.verdict_line(slow, targets, "cpu").endswith("0.0 req/s (no throughput target)")
+    assert gate.violations(ten_requests_in_1000_s(50.0), targets) == ["P99 50.000 ms > 10 ms"]
 
 
 def test_load_slo_raises_when_the_profile_is_unknown(tmp_path: Path):

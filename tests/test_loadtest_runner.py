@@ -39,7 +39,10 @@ def _spec(tmp_path: Path, **kw) -> RunSpec:
 
 def test_locust_command_runs_the_scenario_class_for_warmup_plus_duration(tmp_path):
     cmd = locust_command(_spec(tmp_path))
-    assert cmd[-1] == "ImageClassificationGrpcUser"
+    assert cmd[-1] == "ScenarioGrpcUser"
+    assert cmd[cmd.index("--scenario") + 1] == "image_classification"
+    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC)
+    assert "--data" not in cmd and "--p99-ms" not in cmd
     assert cmd[cmd.index("-t") + 1] == "25s"
     assert cmd[cmd.index("-u") + 1] == "4"
     assert cmd[cmd.index("-f") + 1] == str(LOCUSTFILE)
@@ -50,7 +53,8 @@ def test_locust_command_runs_the_scenario_class_for_warmup_plus_duration(tmp_pat
 def test_locust_command_uses_dispatchers_when_rate_is_given(tmp_path):
     cmd = locust_command(_spec(tmp_path, users=None, rate=40.0, protocol="http",
                                scenario="text_embedding"))
-    assert cmd[-1] == "TextEmbeddingHttpUser"
+    assert cmd[-1] == "ScenarioHttpUser"
+    assert cmd[cmd.index("--scenario") + 1] == "text_embedding"
     assert cmd[cmd.index("--arrival-rate") + 1] == "40"
     assert cmd[cmd.index("-u") + 1] == "1"
 
@@ -64,25 +68,26 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 bases = {"http": TritonHttpUser, "grpc": TritonGrpcUser}
 print(json.dumps({
-    name: [p for p, base in bases.items() if issubclass(cls, base)] + [cls.scenario.name]
+    name: [p for p, base in bases.items() if issubclass(cls, base)] + [cls.default_scenario]
     for name, cls in vars(module).items()
     if isinstance(cls, type) and issubclass(cls, locust.User) and cls.__module__ == "locustfile"
 }))
 """
 
 
-def test_locustfile_defines_a_user_class_for_every_scenario_and_protocol():
+def test_locustfile_defines_one_user_per_protocol_and_the_compose_class_names():
     # In a child: importing locust monkey-patches the interpreter (gevent), not for pytest's.
     out = subprocess.run(
         [sys.executable, "-c", _LIST_USER_CLASSES, str(LOCUSTFILE)],
         capture_output=True, text=True, timeout=120, check=True, cwd=LOCUSTFILE.parents[1],
     ).stdout
     classes = json.loads(out.strip().splitlines()[-1])
-    expected = {}
+    expected = {_spec(Path("."), protocol=p).user_class: [p, ""] for p in ("http", "grpc")}
+    # docker-compose.yml's LOCUST_USER_CLASS names: the same users with a default scenario.
     for scenario in ("text_embedding", "image_classification"):
         for protocol in ("http", "grpc"):
-            name = _spec(Path("."), scenario=scenario, protocol=protocol).user_class
-            expected[name] = [protocol, scenario]
+            camel = "".join(part.capitalize() for part in scenario.split("_"))
+            expected[f"{camel}{protocol.capitalize()}User"] = [protocol, scenario]
     assert classes == expected
 
 
@@ -194,6 +199,7 @@ def test_run_names_the_summary_file_when_the_run_left_it_half_written(tmp_path, 
     ("command", "option", "shown"),
     [
         ("loadtest", "--slo-file", "loadtests/slo.yaml of this project"),
+        ("tune", "--slo", "loadtests/slo.yaml of this project"),
         ("bench", "--texts", "loadtests/data/texts.txt of this project"),
     ],
 )

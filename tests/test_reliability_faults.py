@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.scenarios import load_texts
+from tools.load.scenario import load_texts
 from tools import process
 from tools.serve import faults
 from tools.stats import Window, latency_summary, summarize
@@ -66,7 +66,7 @@ def repository(tmp_path: Path) -> Path:
 
 
 def _server_rss(server) -> int:
-    pids = [server.pid, *server.stub_processes().values()]
+    pids = [server.pid, *server.control.stub_processes().values()]
     return faults.sample(pids).rss_bytes
 
 

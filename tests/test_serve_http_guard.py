@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 
 from tools.serve import faults
 from tools.serve.http_guard import GuardLimits, shape_problem
-from tools.serve.server import port_in_use
+from tools.net import free_ports, port_in_use
 
 pytestmark = pytest.mark.reliability
 
@@ -195,7 +195,7 @@ def test_a_request_whose_upstream_connection_was_lost_is_sent_once_more_on_a_fre
 
         fake = await asyncio.start_server(upstream, "127.0.0.1", 0)
         guard = HttpGuard(fake.sockets[0].getsockname()[1], LIMITS)
-        front = await asyncio.start_server(guard.connection, "127.0.0.1", 0)
+        front = await guard.listen("127.0.0.1", 0)
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", front.sockets[0].getsockname()[1])
         writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -213,11 +213,15 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
     server_factory, toy_repository, tmp_path,
 ):
     """docker/tritonserver-cpu.sh, run here on the host with the wheel's binary: compose's
-    --http-max-input-size starts the guard on the HTTP port, tritonserver moves behind it."""
-    from tools.serve.server import free_ports, resolve_binary
+    --http-max-input-size starts the guards on the HTTP and gRPC ports, tritonserver moves
+    behind them."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from tools.serve.server import resolve_binary
 
     root = Path(__file__).resolve().parents[1]
-    port = next(p for p in free_ports(20) if p < 55000 and not port_in_use(p + 10000))
+    port, grpc_port = [p for p in free_ports(40) if p < 55000 and not port_in_use(p + 10000)][:2]
     wrapper = tmp_path / "bin" / "tritonserver"  # no ../backends beside it: the wheel's is used
     wrapper.parent.mkdir()
     wrapper.write_bytes((root / "docker" / "tritonserver-cpu.sh").read_bytes())
@@ -225,8 +229,8 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
     os.environ["TRITONSERVER_CPU_BINARY"] = str(resolve_binary())
     os.environ["TRITON_FORGE_HOME"] = str(root)
     try:
-        server = server_factory(toy_repository, binary=wrapper,
-                                http_port=port, extra_args=("--http-max-input-size=1048576",),
+        server = server_factory(toy_repository, binary=wrapper, http_port=port,
+                                grpc_port=grpc_port, extra_args=("--http-max-input-size=1048576",),
                                 allow_open_admin_apis=True)
     finally:
         del os.environ["TRITONSERVER_CPU_BINARY"], os.environ["TRITON_FORGE_HOME"]
@@ -234,12 +238,25 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
               if "http_guard.py" in " ".join(p.info["cmdline"] or [])
               and str(port) in (p.info["cmdline"] or [])]
     assert len(guards) == 1 and port_in_use(port + 10000), "tritonserver listens behind it"
+    grpc_guards = [p for p in psutil.process_iter(["cmdline"])
+                   if "grpc_guard.py" in " ".join(p.info["cmdline"] or [])
+                   and str(grpc_port) in (p.info["cmdline"] or [])]
+    assert len(grpc_guards) == 1 and port_in_use(grpc_port + 10000)
     assert np.array_equal(_infer_ok(server.http_url), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
     status, _, body = _exchange(server.http_url, _head(server.http_url, 2_000_000))
     assert status == 413 and "over the limit of 1048576 bytes" in json.loads(body)["error"]
-    server.stop()  # SIGTERM to the group: the guard waits for tritonserver, then exits with it
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("toy_double", [tensor]).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+        tensor = grpcclient.InferInput("INPUT0", [1, 1 << 19], "FP32")  # 2 MiB
+        tensor.set_data_from_numpy(np.ones((1, 1 << 19), np.float32))
+        with pytest.raises(InferenceServerException, match="larger than max"):
+            client.infer("toy_double", [tensor])
+    server.stop()  # SIGTERM to the group: the guards wait for tritonserver, then exit with it
     guards[0].wait(timeout=10)
-    assert not port_in_use(port)
+    grpc_guards[0].wait(timeout=10)
+    assert not port_in_use(port) and not port_in_use(grpc_port)
 
 
 @pytest.mark.parametrize("flags, metrics", [
@@ -270,3 +287,105 @@ def test_the_wrapper_moves_only_http_behind_the_guard(tmp_path, flags, metrics):
     assert {"--http-address=127.0.0.1", "--http-port=18000", f"--metrics-address={metrics}"} <= set(server)
     assert " ".join(guard_args).startswith(
         "--listen-address 0.0.0.0 --listen-port 8000 --upstream-port 18000 --max-body-bytes 16777216")
+
+
+async def _through_fake_upstream(raw: bytes, admission=None, answer=b"HTTP/1.1 200 OK\r\n"
+                                 b"Content-Length: 2\r\n\r\nok") -> tuple[bytes, list[bytes]]:
+    """Send ``raw`` to a guard in front of a fake upstream; (what the client got until the guard
+    closed or went quiet, every request head and body the upstream received)."""
+    import asyncio
+
+    from tools.serve.http_guard import HttpGuard
+
+    seen: list[bytes] = []
+
+    async def upstream(reader, writer):
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            seen.append(head + await reader.readexactly(length))
+            writer.write(answer)
+            await writer.drain()
+
+    fake = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    guard = HttpGuard(fake.sockets[0].getsockname()[1], LIMITS, admission)
+    front = await guard.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+    writer.write(raw)
+    got = b""
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), 1.0)
+        except asyncio.TimeoutError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    writer.close()
+    fake.close()
+    front.close()
+    return got, seen
+
+
+def test_what_goes_upstream_is_the_head_as_parsed_not_the_clients_bytes():
+    import asyncio
+
+    body = _double([1, 4], [1, 2, 3, 4])
+    raw = (b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost:   x  \r\ncontent-length: 00"
+           + str(len(body)).encode() + b"\r\nX-Trace:\tabc \t\r\nExpect: 100-continue\r\n"
+           b"Upgrade: h2c\r\n\r\n" + body)
+    got, seen = asyncio.run(_through_fake_upstream(raw))
+    assert got.endswith(b"\r\n\r\nok")
+    assert seen == [b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\ncontent-length: "
+                    + str(len(body)).encode() + b"\r\nX-Trace: abc\r\n\r\n" + body]
+
+
+def test_a_gzip_body_is_bounded_and_its_shapes_checked_before_tritonserver_decodes_it():
+    import asyncio
+    import gzip
+
+    def request(payload: bytes) -> bytes:
+        return (b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip"
+                b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+    huge_shape = gzip.compress(_double([1, 2 ** 40], [1]))
+    got, seen = asyncio.run(_through_fake_upstream(request(huge_shape)))
+    assert got.startswith(b"HTTP/1.1 400 ") and b"1099511627776 elements" in got and seen == []
+    bomb = gzip.compress(b" " * (LIMITS.max_body_bytes + 1))  # ~1 KiB that decodes past the limit
+    got, seen = asyncio.run(_through_fake_upstream(request(bomb)))
+    assert got.startswith(b"HTTP/1.1 413 ") and b"decodes (gzip) to more than" in got
+    assert seen == []
+    fine = gzip.compress(_double([1, 4], [1, 2, 3, 4]))
+    got, seen = asyncio.run(_through_fake_upstream(request(fine)))
+    assert got.endswith(b"ok") and len(seen) == 1 and seen[0].endswith(fine)
+
+
+def test_an_admission_decides_per_model_before_tritonserver_sees_the_request():
+    import asyncio
+
+    from tools.serve.http_guard import Admission, Overloaded
+
+    finished = []
+
+    class BusyModel(Admission):
+        def admit(self, model):
+            if model == "busy":
+                raise Overloaded("model 'busy' is over its latency target", retry_after_s=2.5)
+            return finished.append
+
+    body = _double([1, 4], [1, 2, 3, 4])
+    raw = (b"POST /v2/models/busy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+           + str(len(body)).encode() + b"\r\n\r\n" + body
+           + b"POST /v2/models/toy_double/versions/1/infer HTTP/1.1\r\nHost: x\r\n"
+           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got, seen = asyncio.run(_through_fake_upstream(raw, BusyModel()))
+    first, _, second = got.partition(b"}")
+    assert first.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 3\r\n" in first
+    assert b"over its latency target" in first
+    assert second.endswith(b"ok"), "the connection serves the next request"
+    assert [s.split(b" ")[1] for s in seen] == [b"/v2/models/toy_double/versions/1/infer"]
+    assert finished == [200]

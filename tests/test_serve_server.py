@@ -103,7 +103,7 @@ def test_server_reports_every_model_of_the_repository_ready_after_start(
 
     expected = sorted(p.name for p in toy_repository.iterdir() if (p / "config.pbtxt").exists())
     assert server.models == expected
-    assert set(server.stub_processes()) == {f"{name}_0_0" for name in expected}
+    assert set(server.control.stub_processes()) == {f"{name}_0_0" for name in expected}
 
 
 def test_server_listens_only_on_loopback(server_factory, toy_repository):
@@ -256,7 +256,7 @@ def test_health_check_fails_naming_the_model_whose_stub_died_while_readiness_sta
     server_factory, toy_repository
 ):
     server = server_factory(toy_repository, exit_timeout_s=2)
-    os.kill(server.stub_processes()["toy_text_0_0"], signal.SIGKILL)
+    os.kill(server.control.stub_processes()["toy_text_0_0"], signal.SIGKILL)
     time.sleep(0.5)
 
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/toy_text/ready") as resp:
@@ -270,7 +270,7 @@ def test_health_check_fails_naming_the_model_whose_stub_died_while_readiness_sta
 
 def test_stop_leaves_no_tritonserver_or_stub_process(server_factory, toy_repository):
     server = server_factory(toy_repository)
-    pids = [server.pid, *server.stub_processes().values()]
+    pids = [server.pid, *server.control.stub_processes().values()]
     assert all(_alive(pid) for pid in pids)
 
     server.stop()
@@ -287,7 +287,7 @@ def test_backend_directory_of_a_running_server_is_outside_site_packages(
     backend = Path(
         next(a for a in cmdline if a.startswith("--backend-directory=")).split("=", 1)[1]
     )
-    stub_exe = Path(psutil.Process(next(iter(server.stub_processes().values()))).cmdline()[0])
+    stub_exe = Path(psutil.Process(next(iter(server.control.stub_processes().values()))).cmdline()[0])
 
     assert SITE_PACKAGES not in backend.resolve().parents
     assert stub_exe.parent == backend / "python"
@@ -370,7 +370,7 @@ def test_command_omits_the_input_size_bound_when_the_binary_lacks_the_option(
 
 def test_watch_returns_naming_the_instance_whose_python_stub_died(server_factory, toy_repository):
     server = server_factory(toy_repository, exit_timeout_s=2)
-    stubs = server.stub_processes()
+    stubs = server.control.stub_processes()
     os.kill(stubs["toy_text_0_0"], signal.SIGKILL)
 
     reason = server.watch(stubs, interval_s=0.05)
@@ -386,7 +386,7 @@ def test_watch_returns_after_consecutive_probe_failures_naming_the_model(
     empty_text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
 
     reason = server.watch(
-        server.stub_processes(), interval_s=0.05, probes={"toy_text": empty_text},
+        server.control.stub_processes(), interval_s=0.05, probes={"toy_text": empty_text},
         probe_interval_s=0.1, probe_failures=2,
     )
 
@@ -400,7 +400,7 @@ def test_watch_raises_when_tritonserver_itself_exits(server_factory, toy_reposit
     os.kill(server.pid, signal.SIGKILL)
 
     with pytest.raises(ServerError, match=r"tritonserver exited unexpectedly \(exit code -9\)"):
-        server.watch(server.stub_processes(), interval_s=0.05)
+        server.watch(server.control.stub_processes(), interval_s=0.05)
 
 
 def _shm_left(regions: set[str]) -> list[str]:
@@ -411,7 +411,7 @@ def test_stop_removes_the_shared_memory_a_killed_stub_left_behind(server_factory
     server = server_factory(toy_repository, exit_timeout_s=2)
     regions = process.stub_shm_regions(server.pid)
     assert len(regions) == len(server.models) and _shm_left(regions) == sorted(regions)
-    os.kill(server.stub_processes()["toy_text_0_0"], signal.SIGKILL)
+    os.kill(server.control.stub_processes()["toy_text_0_0"], signal.SIGKILL)
 
     server.stop()
 
@@ -420,7 +420,7 @@ def test_stop_removes_the_shared_memory_a_killed_stub_left_behind(server_factory
 
 def test_stop_removes_the_shared_memory_of_a_server_that_was_killed(server_factory, toy_repository):
     server = server_factory(toy_repository, exit_timeout_s=2)
-    regions, stubs = process.stub_shm_regions(server.pid), server.stub_processes()
+    regions, stubs = process.stub_shm_regions(server.pid), server.control.stub_processes()
     os.kill(server.pid, signal.SIGKILL)
 
     server.stop()

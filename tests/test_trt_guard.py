@@ -342,3 +342,64 @@ def test_the_server_log_reader_adds_the_rebuild_command_to_a_tensorrt_engine_fai
     (cause,) = failure_causes(log)
     assert cause.startswith("model 'minilm_encoder' version 1 failed to load")
     assert "serialised by TensorRT 10.3.0.26" in cause and trt_guard.REBUILD_ALL in cause
+
+
+def test_a_plan_the_build_skipped_is_refused_with_the_skip_reason_not_a_rebuild_that_skips_again(tmp_path):
+    repo = _repository(tmp_path, {"minilm_encoder": None, "efficientnet_lite0": None})
+    manifest = json.loads((repo / "build_manifest.json").read_text())
+    reason = "no GPU (no NVIDIA driver: libcuda.so.1 not found)"
+    for name in ("minilm_encoder", "efficientnet_lite0"):
+        (repo / name / "config.pbtxt").write_text(TRT_CONFIG.format(name=name))
+        manifest["models"][name] |= {"stages": {"onnx2trt": {"status": "skipped", "reason": reason}},
+                                     "built_at": "2026-12-01T10:00:00+00:00"}
+    (repo / "build_manifest.json").write_text(json.dumps(manifest))
+
+    with pytest.raises(TensorRTError) as info:
+        guard(repo, runtime=_runtime())
+
+    message = str(info.value)
+    assert "2 TensorRT model(s) have no plan because the build skipped it" in message
+    assert f"model 'minilm_encoder': onnx2trt skipped: {reason}, built 2026-12-01T10:00:00+00:00" in message
+    assert "model 'efficientnet_lite0'" in message
+    assert f"`{trt_guard.BUILD_WITH_GPU}`" in message and "--force" not in message
+    files = shlex.split(trt_guard.BUILD_WITH_GPU)
+    assert [files[i + 1] for i, a in enumerate(files) if a == "-f"] == ["docker-compose.yml", "docker-compose.gpu.yml"]
+
+
+@pytest.mark.parametrize("trt, cuda, expected", [
+    ("10.13.2", "13.0.0.044", ["tensorrt-cu13-bindings==10.13.2.*", "cuda-python==13.*"]),
+    ("10.11.0", "12.9.1.010", ["tensorrt-cu12-bindings==10.11.0.*", "cuda-python==12.*"]),
+])
+def test_builder_requirements_are_the_bindings_of_the_images_own_tensorrt(trt, cuda, expected):
+    assert trt_guard.builder_requirements(trt, cuda) == expected
+
+
+def test_builder_requirements_refuse_an_image_without_a_cuda_version():
+    with pytest.raises(TensorRTError, match="CUDA_VERSION ''"):
+        trt_guard.builder_requirements("10.13.2", "")
+
+
+def test_cli_prints_the_builder_requirements_from_the_library_it_finds(tmp_path):
+    env = _fake_environment(tmp_path, "10.13.2", ["8.6"]) | {"CUDA_VERSION": "13.0.0.044"}
+
+    proc = subprocess.run([sys.executable, "-m", "tools.serve.trt_guard", "--builder-requirements"],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["tensorrt-cu13-bindings==10.13.2.*", "cuda-python==13.*"]
+
+
+def test_module_check_refuses_a_python_module_of_another_tensorrt(monkeypatch):
+    module = type("tensorrt_bindings", (), {"__version__": "10.14.1.48", "__file__": "/x/__init__.py"})
+    monkeypatch.setattr(trt_guard, "import_tensorrt_module", lambda: (module, "tensorrt_bindings"))
+
+    assert "10.14.1.48" in trt_guard.check_module(_runtime("10.14.1"))
+    with pytest.raises(TensorRTError, match=r"module is 10.14.1.48 .* library is 10.13.2"):
+        trt_guard.check_module(_runtime("10.13.2"))
+
+
+def test_module_check_says_what_was_tried_when_no_tensorrt_module_imports():
+    if trt_guard.import_tensorrt_module()[0] is not None:
+        pytest.skip("a TensorRT Python module is installed here")
+    with pytest.raises(TensorRTError, match=r"no TensorRT Python module \(tensorrt or tensorrt_bindings\)"):
+        trt_guard.check_module(_runtime())

@@ -34,7 +34,8 @@ def test_tune_is_listed_by_tools_help():
 def test_an_unknown_scenario_is_a_usage_error_listing_the_scenarios(tmp_path):
     result = _tune(tmp_path, "--scenario", "nope")
     assert result.exit_code == 2
-    assert "no scenario 'nope'" in result.output and "text_embedding" in result.output
+    assert "--scenario nope: not a pipeline or model of" in result.output
+    assert "(known: text_embedding, " in result.output
 
 
 def test_a_scenario_with_targets_but_no_pipeline_in_the_spec_is_a_usage_error(tmp_path):
@@ -43,12 +44,21 @@ def test_a_scenario_with_targets_but_no_pipeline_in_the_spec_is_a_usage_error(tm
     slo.write_text(f"profiles:\n  cpu:\n    scenarios:\n      ghost:\n        load: {{users: 1}}\n"
                    f"        http: {targets}\n        grpc: {targets}\n")
     result = _tune(tmp_path, "--scenario", "ghost", "--slo", str(slo))
-    assert result.exit_code == 2 and "has no pipeline of that name" in result.output
+    assert result.exit_code == 2 and "--scenario ghost: not a pipeline or model" in result.output
 
 
-def test_a_pipeline_that_is_not_text_is_refused(tmp_path):
-    result = _tune(tmp_path, "--scenario", "image_classification")
-    assert result.exit_code == 2 and "text pipelines" in result.output
+def test_a_scenario_without_an_slo_entry_needs_p99_ms(tmp_path):
+    result = _tune(tmp_path, "--scenario", "minilm_encoder")
+    assert result.exit_code == 2
+    assert "profile 'cpu' has no scenario 'minilm_encoder'" in result.output
+    assert "give --p99-ms" in result.output
+
+
+def test_p99_ms_alone_is_enough_for_a_scenario_without_an_slo_entry(tmp_path):
+    # Past the SLO, the next check is the baseline: the targets were accepted.
+    result = _tune(tmp_path, "--scenario", "image_classification", "--p99-ms", "800",
+                   "--slo", str(tmp_path / "no-slo.yaml"), "--repository", str(tmp_path / "none"))
+    assert result.exit_code == 2 and "tools build-repo" in result.output, result.output
 
 
 def test_a_budget_too_small_for_one_trial_is_a_usage_error(tmp_path):

@@ -72,11 +72,17 @@ def test_the_results_file_holds_every_completed_trial_after_each_one(tmp_path):
     assert all(t["points"] and t["settings"] for t in data["trials"])
 
 
-def test_a_server_that_stops_mid_trial_raises_and_the_file_keeps_the_completed_trials(tmp_path):
-    session, path = _session(tmp_path, FakeTrials(fail_at=3))
-    with pytest.raises(ServerError, match="exited"):
-        run_search(_space(), session, 0.03)
-    assert [t["id"] for t in json.loads(path.read_text())["trials"]] == [1, 2]
+def test_a_trial_whose_server_stops_is_recorded_infeasible_and_the_search_goes_on(tmp_path):
+    runner = FakeTrials(fail_at=3)
+    session, path = _session(tmp_path, runner)
+    outcome = run_search(_space(), session, 0.03)
+    trials = json.loads(path.read_text())["trials"]
+    failed = [t for t in trials if t["failure"]]
+    assert [t["id"] for t in failed] == [3]
+    assert "exited (code -9)" in failed[0]["failure"] and not failed[0]["within_target"]
+    assert max(runner.calls) > 3  # the search went on after the failure
+    assert outcome.best is not None and outcome.best.id != 3
+    assert load_trials(path)[2].score().feasible is False  # and so it stays when resumed
 
 
 def test_a_resumed_run_reruns_no_completed_trial_and_ends_at_the_same_winner(tmp_path):

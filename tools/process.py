@@ -35,6 +35,7 @@ def start(
     *,
     env: Mapping[str, str] | None = None,
     log_path: Path | None = None,
+    append: bool = False,
     new_session: bool = True,
     **popen: Any,
 ) -> subprocess.Popen:
@@ -44,6 +45,7 @@ def start(
         command: The argv.
         env: The child's whole environment; defaults to this process's.
         log_path: File (created, parents too) that takes the child's stdout and stderr.
+        append: Add to ``log_path`` rather than start it anew (a helper sharing a server's log).
         new_session: False keeps the child in this process's group (a supervisor that must
             pass signals through); ``stop`` then signals the child and its descendants only.
         **popen: More ``subprocess.Popen`` arguments (``stdout``, ``stderr``, ``text``, ...).
@@ -59,7 +61,7 @@ def start(
     if log_path is None:
         return subprocess.Popen(list(command), **kwargs, **popen)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if append else "wb") as log:
         return subprocess.Popen(
             list(command), stdout=log, stderr=subprocess.STDOUT, **kwargs, **popen
         )

@@ -27,15 +27,15 @@ SPEC_DOC = "docs/spec.md"
 DOC_TABLES: dict[str, str | None] = {
     "top": None,
     "tensor": "PaddedTensorSpec",
-    "models": "ModelYaml",
-    "python_models": "PythonModelYaml",
-    "pipelines": "PipelineYaml",
+    "models": "ModelSpec",
+    "python_models": "PythonModelSpec",
+    "pipelines": "PipelineSpec",
 }
 # Definitions documented in a section of their own: a field of that type links there.
 _LINKS = {
-    "ModelYaml": ("model", "#models"),
-    "PythonModelYaml": ("python model", "#python_models"),
-    "PipelineYaml": ("pipeline", "#pipelines"),
+    "ModelSpec": ("model", "#models"),
+    "PythonModelSpec": ("python model", "#python_models"),
+    "PipelineSpec": ("pipeline", "#pipelines"),
     "TensorSpec": ("tensor", "#tensor-entries"),
     "PaddedTensorSpec": ("tensor", "#tensor-entries"),
 }

@@ -1,19 +1,38 @@
 """Strict, typed reading of the project's YAML files (pydantic), and their JSON Schemas.
 
-Validation collects every problem of a file as a ``Problem``; each file's module words the lines.
+A file is read with ruamel.yaml's round-trip loader, which keeps where every key and value is;
+validation collects every problem of a file as a ``Problem`` with its line and column, and each
+file's module words the lines (``repository.yaml:12:7: ...``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import difflib
 import functools
 import json
 import re
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError
+import yaml as pyyaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.resolver import VersionedResolver
+from ruamel.yaml.scalarbool import ScalarBoolean
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+)
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, NoDefault
 from pydantic_core import PydanticCustomError, core_schema
@@ -42,14 +61,15 @@ def fail(kind: str, text: str) -> PydanticCustomError:
     return PydanticCustomError(kind, "{text}", {"text": text})
 
 
-def _not_null(value: Any) -> Any:
-    if value is None:
+def _not_null(value: Any, info: ValidationInfo) -> Any:
+    if value is None and info.mode == "json":
         raise fail("not_null", "must not be null: leave the key out instead")
     return value
 
 
 # A key that may be left out (the field is then None) but not written as `null`: defaults are
-# not validated, so the check runs only on a value the file gives. The schema omits the null.
+# not validated, so the check runs only on a value the file gives (files are validated as JSON;
+# a copy made in Python, `dataclasses.replace`, may pass None). The schema omits the null.
 Omittable = Annotated[T | None, AfterValidator(_not_null)]
 
 
@@ -86,6 +106,112 @@ def non_empty(items: tuple[T, ...]) -> tuple[T, ...]:
     return items
 
 
+# --------------------------------------------------------------------------- reading
+
+
+class _PyYamlResolver(VersionedResolver):
+    """Plain scalars typed as PyYAML types them (YAML 1.1 without ``y``/``n`` booleans and without
+    floats that lack a dot), so a file means what it meant before and to the project's other
+    readers (``yaml.safe_load``): ``1e-3`` stays a string, ``yes`` a boolean."""
+
+    @property
+    def versioned_resolver(self) -> Any:
+        return pyyaml.resolver.Resolver.yaml_implicit_resolvers
+
+
+def round_trip_yaml() -> YAML:
+    """ruamel.yaml's round-trip loader, resolving scalars as PyYAML does."""
+    parser = YAML(typ="rt")
+    parser.Resolver = _PyYamlResolver
+    parser.version = (1, 1)  # octal 010 and sexagesimal 1:30 constructed as YAML 1.1 (PyYAML) does
+    return parser
+
+
+class YamlSyntaxError(Exception):
+    """The text is not YAML; ``line`` and ``column`` (1-based) say where the parser stopped."""
+
+    def __init__(self, message: str, line: int, column: int) -> None:
+        super().__init__(f"{line}:{column}: {message}")
+        self.message, self.line, self.column = message, line, column
+
+
+def _plain(value: Any) -> Any:
+    """ruamel.yaml's round-trip types as the plain types a JSON document holds."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, ScalarBoolean):  # an anchored boolean: an int subclass
+        return bool(value)
+    for kind in (bool, str, int, float):  # bool before int; ruamel's scalars subclass these
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, datetime.datetime):  # ruamel's TimeStamp
+        return datetime.datetime.fromisoformat(value.isoformat())
+    return value
+
+
+class YamlDocument:
+    """A YAML text as plain data, and the line and column of each of its keys and values."""
+
+    def __init__(self, text: str) -> None:
+        """Parse ``text``.
+
+        Raises:
+            YamlSyntaxError: the text is not YAML (also: a key given twice in one mapping).
+        """
+        try:
+            self._root = round_trip_yaml().load(text)
+        except MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            what = exc.problem or exc.context or "not YAML"
+            raise YamlSyntaxError(str(what).split("\n")[0], mark.line + 1 if mark else 1,
+                                  mark.column + 1 if mark else 1) from None
+        self.data = _plain(self._root)
+
+    def position(self, loc: tuple[str | int, ...], kind: str = "invalid") -> tuple[int, int]:
+        """Line and column (1-based) of the field at ``loc``.
+
+        A value's own position for a scalar or list item, its key's for a mapping or list value,
+        a key's for an unknown key or a ``[key]`` problem; for a missing field, the key of the
+        mapping that should hold it.
+        """
+        node: Any = self._root
+        where = (node.lc.line, node.lc.col) if _collection(node) else (0, 0)
+        for index, part in enumerate(loc):
+            if part == "[key]":
+                break
+            last = index == len(loc) - 1
+            if isinstance(node, CommentedMap):
+                key = next((k for k in node if str(k) == str(part)), _ABSENT)
+                if key is _ABSENT:
+                    break
+                where = node.lc.key(key)
+                if last and kind != "unknown" and not _collection(node[key]):
+                    where = node.lc.value(key)
+                node = node[key]
+            elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
+                where, node = node.lc.item(part), node[part]
+            else:
+                break
+        return where[0] + 1, where[1] + 1
+
+    def __repr__(self) -> str:
+        return f"YamlDocument({self.data!r})"
+
+
+_ABSENT = object()
+
+
+def _collection(node: Any) -> bool:
+    return isinstance(node, (CommentedMap, CommentedSeq))
+
+
+def read_yaml(path: Path) -> YamlDocument:
+    """Read and parse a YAML file (``OSError`` and ``YamlSyntaxError`` are the caller's to word)."""
+    return YamlDocument(Path(path).read_text(encoding="utf-8"))
+
+
 # --------------------------------------------------------------------------- problems
 
 
@@ -98,11 +224,19 @@ class Problem:
             the mapping key itself is wrong.
         text: What is wrong, e.g. ``must be an integer, got 'sixteen'``.
         kind: ``missing`` (a required key), ``unknown`` (a key no model declares) or ``invalid``.
+        line: Where in the file (1-based), when the file was read as a ``YamlDocument``.
+        column: See ``line``.
     """
 
     loc: tuple[str | int, ...]
     text: str
     kind: str = "invalid"
+    line: int | None = None
+    column: int | None = None
+
+    def where(self, path: Path | str) -> str:
+        """``<file>:<line>:<column>:``, or ``<file>:`` when the position is not known."""
+        return f"{path}:{self.line}:{self.column}:" if self.line is not None else f"{path}:"
 
 
 class InvalidFile(Exception):
@@ -209,23 +343,34 @@ def _text(error: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- validation
 
 
-def validate(adapter: TypeAdapter[T], data: Any) -> T:
+def validate(adapter: TypeAdapter[T], data: Any, document: YamlDocument | None = None,
+             extra: list[Problem] | None = None) -> T:
     """Validate a loaded YAML document strictly, collecting every problem.
 
     Args:
         adapter: The ``TypeAdapter`` of the file's top-level type.
-        data: What ``yaml.safe_load`` returned.
+        data: The document as plain data (``YamlDocument.data``, or what ``yaml.safe_load`` gave).
+        document: Where each key and value is: every problem then carries its line and column.
+        extra: Problems the caller found in ``data`` before validating (and took out of it),
+            reported with the others.
 
     Raises:
         InvalidFile: with one ``Problem`` per thing wrong (all of them, not the first).
     """
     problems = _not_json(data, ())
-    if problems:
-        raise InvalidFile(problems)
-    try:
-        return adapter.validate_json(json.dumps(data))
-    except ValidationError as exc:
-        raise InvalidFile(_problems(exc, adapter)) from None
+    if not problems:
+        try:
+            result = adapter.validate_json(json.dumps(data))
+        except ValidationError as exc:
+            problems = _problems(exc, adapter)
+        else:
+            if not extra:
+                return result
+    problems += extra or []
+    if document is not None:
+        problems = [dataclasses.replace(p, line=line, column=column)
+                    for p in problems for line, column in [document.position(p.loc, p.kind)]]
+    raise InvalidFile(problems)
 
 
 def _not_json(value: Any, loc: tuple[str | int, ...]) -> list[Problem]:
@@ -255,11 +400,17 @@ def _problems(exc: ValidationError, adapter: TypeAdapter[Any]) -> list[Problem]:
         elif error["type"] in ("missing", "missing_argument"):
             problems.append(Problem(loc, "is required", "missing"))
         elif error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-            known = known_keys(_schema(adapter), loc[:-1])
-            problems.append(Problem(loc, unknown_key(str(loc[-1]), known), "unknown"))
+            problems.append(unknown_field(adapter, loc))
         else:
             problems.append(Problem(loc, _text(error)))
     return problems
+
+
+def unknown_field(adapter: TypeAdapter[Any], loc: tuple[str | int, ...]) -> Problem:
+    """The problem of a key at ``loc`` that the file's type does not declare, with the closest
+    key it does declare."""
+    known = known_keys(_schema(adapter), loc[:-1])
+    return Problem(loc, unknown_key(str(loc[-1]), known), "unknown")
 
 
 def known_keys(schema: JsonSchemaValue, loc: tuple[str | int, ...]) -> list[str]:

@@ -6,8 +6,6 @@ model folder into staging and fills that model's ``ModelEntry``.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 import shutil
@@ -23,17 +21,28 @@ from tools.build_repo.fingerprints import (
     pytorch_inputs,
     quality_files,
 )
-from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages, write_onnx_model_files
-from tools.build_repo.manifest import ModelEntry, fingerprint, matching_artifacts
+from tools.build_repo.builder_base import (
+    Plan,
+    SpecEntryBuilder,
+    Stages,
+    warmup_record,
+    write_onnx_model_files,
+)
+from tools.build_repo.model_source import (
+    model_callables,
+    recipe_weights,
+    references,
+    write_python_recipe_files,
+)
 from tools.build_repo.onnx_source import OnnxBuilder
 from tools.build_repo.repository import VERSION, copy_python_backend
-from tools.build_repo.results import ModelKind, StageStatus
-from tools.build_repo.spec import ModelSpec, OnnxModelSpec, PipelineSpec, PythonModelSpec, RepoSpec
+from tools.build_repo.results import ModelKind, Stage, StageStatus
+from tools.build_repo.spec import Entry, RepoSpec, resolve_file
 from tools.errors import SpecError
-from tools.models.recipes import model_callables, recipe_weights
+from tools.manifest import ModelEntry, fingerprint, matching_artifacts
 
 # The stages a repackage carries over from the build it reuses.
-EXPORT_STAGES = ("load", "export", "parity", "onnx2trt", "parity_trt")
+EXPORT_STAGES = (Stage.LOAD, Stage.EXPORT, Stage.PARITY, Stage.ONNX2TRT, Stage.PARITY_TRT)
 
 
 def _link_or_copy(source: Path, destination: Path) -> None:
@@ -53,14 +62,6 @@ def _write_config(model_dir: Path, text: str) -> None:
     (model_dir / "config.pbtxt").write_text(text)
 
 
-def warmup_record(model: ModelSpec) -> dict[str, Any] | None:
-    """What a PyTorch model's warmup files depend on besides its sample-input module.
-
-    In its manifest (JSON) form, so that it compares equal to the recorded one.
-    """
-    return json.loads(json.dumps(dataclasses.asdict(model.warmup))) if model.warmup else None
-
-
 def _parity_figures(entry: ModelEntry) -> dict[str, list[dict[str, Any]]]:
     return {rt: p.get("cases", []) for rt, p in (entry.parity or {}).items()}
 
@@ -77,7 +78,7 @@ class PytorchBuilder(SpecEntryBuilder):
     def plan(self, previous: ModelEntry | None) -> Plan:
         """The full and export keys of this model."""
         inputs, stats = pytorch_inputs(self.spec, self.model, self.target, self.text, previous)
-        if self.model.recipe is not None:  # the recipe's folder files (tools/models/recipes.py)
+        if self.model.recipe is not None:  # the recipe's folder files (model_source.py)
             inputs["weights"], stats = recipe_weights(self.spec.root, self.model, previous)
         device = None
         if self._tensorrt:
@@ -119,7 +120,7 @@ class PytorchBuilder(SpecEntryBuilder):
         if (
             export.get("fingerprint") != plan.export_fingerprint
             or not export.get("built_at")
-            or previous.kind != self.kind.value
+            or previous.kind != self.kind
             or previous.target != self.target
             or previous.parity is None
         ):
@@ -134,25 +135,33 @@ class PytorchBuilder(SpecEntryBuilder):
     def build(self, model_dir: Path, output: Path, stages: Stages, entry: ModelEntry) -> None:
         """Export, check and write the model folder."""
         from tools.build_repo import onnx2trt
-        from tools.build_repo.parity import check_parity, figures_to_manifest, onnxruntime_runner
+        from tools.build_repo.parity import (
+            check_parity,
+            figures_to_manifest,
+            onnxruntime_runner,
+            unchecked_note,
+            unchecked_record,
+        )
         from tools.build_repo.torch2onnx import export_onnx, trace_sample, write_reproduce_script
 
         spec, model, target = self.spec, self.model, self.target
         version_dir = model_dir / VERSION
         version_dir.mkdir()
         factory, sample_fn = model_callables(spec.root, model, self.where)
-        torch_model = stages.run("load", factory)
+        torch_model = stages.run(Stage.LOAD, factory)
         onnx_path = version_dir / cfg.ONNX_FILE
-        stages.run("export", lambda: export_onnx(torch_model, trace_sample(model, sample_fn), model, onnx_path))
+        stages.run(Stage.EXPORT, lambda: export_onnx(torch_model, trace_sample(model, sample_fn), model, onnx_path))
         write_reproduce_script(onnx_path, spec.path, output, model.name, target)
         runner = onnxruntime_runner(str(onnx_path), threads=spec.cpu_cores)
         figures = stages.run(
-            "parity", check_parity, model, torch_model, sample_fn, runner, runtime="onnxruntime"
+            Stage.PARITY, check_parity, model, torch_model, sample_fn, runner, runtime="onnxruntime"
         )
         result = stages.result
         result.parity["onnxruntime"] = figures_to_manifest(figures)
         entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,
                                         "cases": result.parity["onnxruntime"]}}
+        if unchecked_record(model):  # a long model: shapes over the size bound (every runtime)
+            entry.parity["onnxruntime"]["not_checked"] = unchecked_record(model)
         if target == "cpu" and model.cpu.runtime == "openvino":
             self._openvino(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
         elif target == "cpu" and model.cpu.optimize != "none":
@@ -161,9 +170,9 @@ class PytorchBuilder(SpecEntryBuilder):
         if self._tensorrt:
             plan_path = version_dir / cfg.PLAN_FILE
             cache_dir = spec.root / ".cache" / "tensorrt"
-            outcome = stages.run("onnx2trt", onnx2trt.build_plan, model, onnx_path, plan_path, cache_dir)
+            outcome = stages.run(Stage.ONNX2TRT, onnx2trt.build_plan, model, onnx_path, plan_path, cache_dir)
             if outcome.status == StageStatus.SKIPPED:
-                stages.skip("onnx2trt", outcome.reason)
+                stages.skip(Stage.ONNX2TRT, outcome.reason)
                 result.note = f"onnx2trt skipped: {outcome.reason}"
             else:
                 write_reproduce_script(
@@ -173,7 +182,7 @@ class PytorchBuilder(SpecEntryBuilder):
                 )
                 atol, rtol = onnx2trt.parity_tolerance(model, outcome.precision)
                 plan_figures = stages.run(
-                    "parity_trt", check_parity, model, torch_model, sample_fn,
+                    Stage.PARITY_TRT, check_parity, model, torch_model, sample_fn,
                     onnx2trt.plan_runner(plan_path), runtime=f"tensorrt {outcome.precision}",
                     atol=atol, rtol=rtol,
                 )
@@ -182,7 +191,8 @@ class PytorchBuilder(SpecEntryBuilder):
                                             "cases": result.parity["tensorrt"]}
                 entry.tensorrt = outcome.manifest_record()
 
-        stages.run("write", self._write_files, model_dir, sample_fn)
+        result.note = "; ".join(n for n in (result.note, unchecked_note(model)) if n)
+        stages.run(Stage.WRITE, self._write_files, model_dir, sample_fn)
         self._describe(entry)
 
     def _optimize(self, onnx_path: Path, fp32_runner: Any, output: Path, stages: Stages,
@@ -197,11 +207,11 @@ class PytorchBuilder(SpecEntryBuilder):
 
         spec, model = self.spec, self.model
         fused_path = onnx_path.with_name(cfg.FUSED_FILE)
-        fusion = stages.run("fuse", onnx2fused.fuse_onnx, onnx_path, fused_path, model)
+        fusion = stages.run(Stage.FUSE, onnx2fused.fuse_onnx, onnx_path, fused_path, model)
         write_reproduce_script(fused_path, spec.path, output, model.name, self.target,
                                note=f"ONNX Runtime {model.cpu.fusion} fusion of {cfg.ONNX_FILE}")
         figures = stages.run(
-            "parity_fused", check_parity, model, torch_model, sample_fn,
+            Stage.PARITY_FUSED, check_parity, model, torch_model, sample_fn,
             onnxruntime_runner(str(fused_path), threads=spec.cpu_cores), runtime="onnxruntime fused",
         )
         stages.result.parity["onnxruntime_fused"] = figures_to_manifest(figures)
@@ -210,7 +220,7 @@ class PytorchBuilder(SpecEntryBuilder):
         record: dict[str, Any] = {"level": model.cpu.optimize, "fused": fusion.to_dict()}
         if model.cpu.optimize == "int8":
             int8_path = onnx_path.with_name(cfg.INT8_FILE)
-            quantized = stages.run("quantize", onnx2int8.quantize_onnx, fused_path, int8_path, model)
+            quantized = stages.run(Stage.QUANTIZE, onnx2int8.quantize_onnx, fused_path, int8_path, model)
             write_reproduce_script(int8_path, spec.path, output, model.name, self.target,
                                    note=f"dynamic per-channel int8 of {cfg.FUSED_FILE}")
             gate = model.cpu.quality
@@ -229,7 +239,6 @@ class PytorchBuilder(SpecEntryBuilder):
         graph under ONNX Runtime (``fp32_runner``)."""
         from tools.build_repo import onnx2ov_int8, quality, quality_sets
         from tools.build_repo.parity import check_parity, figures_to_manifest, openvino_runner
-        from tools.build_repo.spec import resolve_file
         from tools.build_repo.torch2onnx import write_reproduce_script
 
         spec, model = self.spec, self.model
@@ -246,7 +255,7 @@ class PytorchBuilder(SpecEntryBuilder):
                                                      f"{self.where}field 'cpu.calibration_texts': ")),
                 quality_set, tokenizer_file, gate.max_length, model.cpu.calibrate_on_tune)
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
-            quantized = stages.run("quantize", onnx2ov_int8.quantize_openvino, onnx_path, served,
+            quantized = stages.run(Stage.QUANTIZE, onnx2ov_int8.quantize_openvino, onnx_path, served,
                                    model, calibration, quality_set)
             write_reproduce_script(served, spec.path, output, model.name, self.target,
                                    note=f"NNCF static int8 of {cfg.ONNX_FILE} (OpenVINO IR, weights "
@@ -256,11 +265,11 @@ class PytorchBuilder(SpecEntryBuilder):
                                   "left_out_as_held_out": calibration.left_out,
                                   "tune_texts_added": calibration.tune_added,
                                   "smooth_quant_alpha": model.cpu.smooth_quant_alpha}
-        candidate, runs_as = stages.run("openvino", openvino_runner, str(served),
+        candidate, runs_as = stages.run(Stage.OPENVINO, openvino_runner, str(served),
                                         spec.cpu_cores, precision, spec.backends)
         record["runs_as"] = runs_as
         if model.cpu.gated_variant is None:
-            figures = stages.run("parity_openvino", check_parity, model, torch_model, sample_fn,
+            figures = stages.run(Stage.PARITY_OPENVINO, check_parity, model, torch_model, sample_fn,
                                  candidate, runtime="openvino fp32")
             stages.result.parity["openvino"] = figures_to_manifest(figures)
             entry.parity["openvino"] = {"atol": model.atol, "rtol": model.rtol,
@@ -279,7 +288,8 @@ class PytorchBuilder(SpecEntryBuilder):
         model = self.model
         entry.opset = model.opset
         entry.warmup = warmup_record(model)
-        entry.source = {"factory": model.source, "sample_inputs": model.sample_inputs,
+        factory, sample_inputs = references(model)
+        entry.source = {"factory": factory, "sample_inputs": sample_inputs,
                         "weights": model.weights}
 
     def _write_files(self, model_dir: Path, sample_fn=None, warmup: bool = True) -> None:
@@ -314,11 +324,11 @@ class PytorchBuilder(SpecEntryBuilder):
             for relative in carried:
                 _link_or_copy(previous_dir / relative, model_dir / relative)
 
-        stages.run("reuse", carry)
+        stages.run(Stage.REUSE, carry)
         for stage in EXPORT_STAGES:
             if stage in previous.stages:
                 stages.reuse(stage, built_at)
-        stages.run("write", self._write_files, model_dir, warmup=not keep_warmup)
+        stages.run(Stage.WRITE, self._write_files, model_dir, warmup=not keep_warmup)
         entry.carried_over = carried
         entry.parity = previous.parity
         entry.parity_carried_over_from = built_at
@@ -353,12 +363,13 @@ class PythonBuilder(SpecEntryBuilder):
         def write() -> None:
             _write_config(model_dir, self.text)
             copy_python_backend(self.spec.backends, model.backend, model_dir / VERSION, files, owner)
+            write_python_recipe_files(self.spec.root, model, model_dir / VERSION)
             if model.warmup:
                 warm = model_dir / "warmup"
                 warm.mkdir()
                 dims = {t.name: t.dims for t in model.inputs}
                 for w in model.warmup:
-                    for name, texts in w.inputs:
+                    for name, texts in w.inputs.items():
                         if any(d < 0 for d in dims[name]):
                             raise SpecError(f"{owner}: field 'warmup': input {name!r} has variable dims")
                         count = w.batch_size * math.prod(dims[name])
@@ -366,7 +377,7 @@ class PythonBuilder(SpecEntryBuilder):
                             cfg.python_warmup_bytes(texts, count)
                         )
 
-        stages.run("write", write)
+        stages.run(Stage.WRITE, write)
         entry.backend = model.backend
 
 
@@ -391,22 +402,18 @@ class EnsembleBuilder(SpecEntryBuilder):
             _write_config(model_dir, self.text)
             (model_dir / VERSION).mkdir()  # Triton wants a version folder, even an empty one
 
-        stages.run("write", write)
+        stages.run(Stage.WRITE, write)
 
 
-Builder = PytorchBuilder | PythonBuilder | EnsembleBuilder
-_BUILDERS: dict[type, type] = {
-    OnnxModelSpec: OnnxBuilder,  # before ModelSpec, which it subclasses
-    ModelSpec: PytorchBuilder,
-    PythonModelSpec: PythonBuilder,
-    PipelineSpec: EnsembleBuilder,
+Builder = PytorchBuilder | OnnxBuilder | PythonBuilder | EnsembleBuilder
+_BUILDERS: dict[ModelKind, type[Builder]] = {
+    ModelKind.PYTORCH: PytorchBuilder,
+    ModelKind.ONNX: OnnxBuilder,
+    ModelKind.PYTHON: PythonBuilder,
+    ModelKind.ENSEMBLE: EnsembleBuilder,
 }
 
 
-def builder_for(spec: RepoSpec, entry: ModelSpec | PythonModelSpec | PipelineSpec, target: str,
-                config_text: str) -> Builder:
-    """The builder of one spec entry, chosen by its type."""
-    for spec_type, builder in _BUILDERS.items():
-        if isinstance(entry, spec_type):
-            return builder(spec, entry, target, config_text)
-    raise TypeError(f"no builder for {type(entry).__name__}")
+def builder_for(spec: RepoSpec, entry: Entry, target: str, config_text: str) -> Builder:
+    """The builder of one spec entry, chosen by its kind."""
+    return _BUILDERS[entry.kind](spec, entry, target, config_text)

@@ -29,8 +29,12 @@ from tools.errors import ConfigError
 @click.option("--check", is_flag=True,
               help="Only compare committed config.pbtxt files with the spec; exit 1 on drift.")
 @click.option("--no-progress", is_flag=True, help="No live progress display.")
+@click.option("--allow-missing-gpu", is_flag=True, envvar="TRITON_FORGE_ALLOW_MISSING_GPU",
+              help="gpu target without a visible GPU: build anyway, TensorRT plans recorded as "
+                   "skipped (by default the build fails, naming the models). Also "
+                   "TRITON_FORGE_ALLOW_MISSING_GPU=1.")
 def build_repo(spec_path: Path, output: Path, target: str | None, only: tuple[str, ...],
-               force: bool, check: bool, no_progress: bool) -> None:
+               force: bool, check: bool, no_progress: bool, allow_missing_gpu: bool) -> None:
     """Export, check and write the Triton model repository from the spec."""
     if check:
         drift = check_repository(spec_path, output, target)
@@ -43,4 +47,5 @@ def build_repo(spec_path: Path, output: Path, target: str | None, only: tuple[st
         click.echo(f"{output}: every config.pbtxt matches {spec_path}")
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    build_repository(spec_path, output, target, list(only) or None, force, not no_progress)
+    build_repository(spec_path, output, target, list(only) or None, force, not no_progress,
+                     allow_missing_gpu=allow_missing_gpu)

@@ -229,7 +229,7 @@ def warmup_file_name(input_name: str, batch_size: int) -> str:
 def _model_warmups(model: ModelSpec) -> tuple[Warmup, ...]:
     if model.warmup is None:
         return ()
-    axes = dict(model.warmup.axes)
+    axes = model.warmup_lengths
     warmups = []
     for batch in model.warmup.batch_sizes:
         inputs = tuple(
@@ -301,16 +301,12 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
         )
     optimization = None
     if model.gpu.onnxruntime_tensorrt_accelerator:
+        from tools.build_repo.onnx2trt import ort_tensorrt_parameters
+
         optimization = {
             "execution_accelerators": {
                 "gpu_execution_accelerator": [
-                    {
-                        "name": "tensorrt",
-                        "parameters": {
-                            "precision_mode": model.gpu.precision.upper(),
-                            "max_workspace_size_bytes": str(model.gpu.workspace_mb << 20),
-                        },
-                    }
+                    {"name": "tensorrt", "parameters": ort_tensorrt_parameters(model)}
                 ]
             }
         }
@@ -344,8 +340,9 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
                 f"batch_{w.batch_size}",
                 w.batch_size,
                 tuple(
-                    (name, WarmupInput("TYPE_STRING", dims_of[name], warmup_file_name(name, w.batch_size)))
-                    for name, _ in w.inputs
+                    (t.name, WarmupInput("TYPE_STRING", dims_of[t.name],
+                                         warmup_file_name(t.name, w.batch_size)))
+                    for t in model.inputs
                 ),
                 w.count,
             )

@@ -52,7 +52,7 @@ def check_pipeline(pipeline: PipelineSpec, members: dict[str, TritonModelConfig]
             )
         model_inputs = {t.name: t for t in model.inputs}
         model_outputs = {t.name: t for t in model.outputs}
-        for model_tensor, ensemble_tensor in step.inputs:
+        for model_tensor, ensemble_tensor in step.inputs.items():
             consumer = model_inputs.get(model_tensor)
             if consumer is None:
                 raise EnsembleError(
@@ -67,10 +67,10 @@ def check_pipeline(pipeline: PipelineSpec, members: dict[str, TritonModelConfig]
                 )
             _agree(at, ensemble_tensor, producer, consumer)
             consumed.add(ensemble_tensor)
-        missing = sorted(set(model_inputs) - {m for m, _ in step.inputs})
+        missing = sorted(set(model_inputs) - set(step.inputs))
         if missing:
             raise EnsembleError(f"{at}: inputs {missing} of {step.model!r} are not mapped")
-        for model_tensor, ensemble_tensor in step.outputs:
+        for model_tensor, ensemble_tensor in step.outputs.items():
             produced = model_outputs.get(model_tensor)
             if produced is None:
                 raise EnsembleError(

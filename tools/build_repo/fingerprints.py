@@ -11,39 +11,43 @@ from pathlib import Path
 from typing import Any
 
 from tools.build_repo import config as cfg
-from tools.build_repo.manifest import (
-    ModelEntry,
-    fingerprint,
-    module_file,
-    sha256_file,
-    sha256_tree,
-    tool_versions,
-)
+from tools.files import sha256_file, sha256_tree
+from tools.manifest import ModelEntry, fingerprint, module_file, tool_versions
 from tools.build_repo.repository import backend_source
-from tools.build_repo.spec import ModelSpec, PythonModelSpec, RepoSpec, resolve_file, resolve_reference, spec_hash
+from tools.build_repo.model_source import python_recipe_inputs, references
+from tools.build_repo.spec import (
+    ModelSpec,
+    PythonModelSpec,
+    RepoSpec,
+    resolve_file,
+    resolve_reference,
+    spec_hash,
+)
 from tools.errors import SpecError
 
 PACKAGE = Path(__file__).resolve().parent
-# Modules of this package that shape no artifact: the CLI, the display and the result types.
-# Every other module (a new one included) is part of the full key of every model.
-NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py"})
+# Modules of this package (paths relative to it) that shape no artifact: the CLI, the display,
+# the result types and the old path of the manifest. Every other module (a new one included, in
+# a subpackage too) is part of the full key of every model.
+NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py", "manifest.py"})
 # Modules that shape config.pbtxt, warmup, backend files or the repository layout but not the
 # exported graph or its parity: left out of the export key.
 PACKAGING_ONLY = frozenset({
-    "config.py", "ensemble.py", "repository.py", "manifest.py", "fingerprints.py", "pipeline.py",
-    "drift.py", "builder_base.py",
+    "config.py", "ensemble.py", "repository.py", "fingerprints.py", "pipeline.py", "drift.py",
+    "builder_base.py",
 })
 EXPORT_TOOLS = ("torch", "onnx", "onnxruntime", "tensorrt")
 # The fields of a ModelSpec that shape the exported graph or its parity check.
 EXPORT_FIELDS = ("name", "source", "sample_inputs", "weights", "inputs", "outputs", "axes",
-                 "max_batch_size", "opset", "atol", "rtol", "recipe")
+                 "max_batch_size", "opset", "tolerance", "recipe")
 GPU_EXPORT_FIELDS = ("backend", "precision", "workspace_mb", "fp16_atol", "fp16_rtol")
 
 
 def builder_sources(*, export_only: bool = False) -> dict[str, str]:
     """sha256 of the package's modules that shape artifacts (all of them, or the export's)."""
     skip = NOT_SHAPING | (PACKAGING_ONLY if export_only else frozenset())
-    return {p.name: sha256_file(p) for p in sorted(PACKAGE.glob("*.py")) if p.name not in skip}
+    modules = {p.relative_to(PACKAGE).as_posix(): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {name: sha256_file(p) for name, p in modules.items() if name not in skip}
 
 
 def _file_stat(path: Path) -> list[int]:
@@ -92,7 +96,7 @@ def pytorch_inputs(
     """Everything a PyTorch model's folder depends on, and the weight files' (size, mtime)."""
     where = f"{spec.path}: model {model.name!r}: "
     modules = {}
-    for ref in sorted({model.source, model.sample_inputs}):
+    for ref in sorted(set(references(model))):
         path = module_file(ref)
         if path is None:
             raise SpecError(f"{where}field 'source': cannot find the module of {ref!r}")
@@ -169,7 +173,7 @@ def quality_files(spec: RepoSpec, model: ModelSpec) -> dict[str, str] | None:
 def python_files(spec: RepoSpec, model: PythonModelSpec) -> dict[str, Path]:
     """The data files a Python model ships (name in the version folder -> source path)."""
     where = f"{spec.path}: python model {model.name!r}: field 'files': "
-    return {name: resolve_file(location, spec.root, where) for name, location in model.files}
+    return {name: resolve_file(location, spec.root, where) for name, location in model.files.items()}
 
 
 def python_inputs(spec: RepoSpec, model: PythonModelSpec, target: str, config_text: str) -> dict[str, Any]:
@@ -183,7 +187,7 @@ def python_inputs(spec: RepoSpec, model: PythonModelSpec, target: str, config_te
         "pipeline_ops": sha256_tree(root / "pipeline_ops"),
         "files": {k: sha256_file(v) for k, v in python_files(spec, model).items()},
         "builder": fingerprint(builder_sources()),
-    }
+    } | ({"recipe": python_recipe_inputs(spec.root, model)} if model.recipe is not None else {})
 
 
 def ensemble_inputs(pipeline: Any, target: str, config_text: str) -> dict[str, Any]:

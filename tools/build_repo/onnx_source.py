@@ -11,19 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from tools.build_repo import config as cfg
-from tools.build_repo.builder_base import Plan, SpecEntryBuilder, Stages, write_onnx_model_files
+from tools.build_repo.builder_base import (
+    Plan,
+    SpecEntryBuilder,
+    Stages,
+    warmup_record,
+    write_onnx_model_files,
+)
 from tools.build_repo.fingerprints import builder_sources
-from tools.build_repo.manifest import ModelEntry, fingerprint, module_file, sha256_file, sha256_tree, tool_versions
+from tools.files import sha256_file, sha256_tree
+from tools.manifest import ModelEntry, fingerprint, module_file, tool_versions
 from tools.build_repo.repository import VERSION, backend_source
-from tools.build_repo.results import ModelKind
-from tools.build_repo.spec import OnnxModelSpec, RepoSpec, resolve_reference, spec_hash
+from tools.build_repo.results import ModelKind, Stage
+from tools.build_repo.spec import ModelSpec, RepoSpec, resolve_reference, spec_hash
 from tools.errors import ModelSourceError, SpecError, UserInputError
 
 
 NO_REFERENCE = "no PyTorch reference: the entry names no 'source'"
 
 
-def onnx_path(spec: RepoSpec, model: OnnxModelSpec) -> Path:
+def onnx_path(spec: RepoSpec, model: ModelSpec) -> Path:
     """The model's ONNX file, resolved against the spec's folder.
 
     Raises:
@@ -36,7 +43,7 @@ def onnx_path(spec: RepoSpec, model: OnnxModelSpec) -> Path:
     return path
 
 
-def check_signature(path: Path, model: OnnxModelSpec) -> None:
+def check_signature(path: Path, model: ModelSpec) -> None:
     """The graph's inputs and outputs are the spec's: names, ranks, a dynamic batch axis.
 
     Raises:
@@ -86,7 +93,7 @@ class OnnxBuilder(SpecEntryBuilder):
                 "'onnxruntime' (TensorRT plans are built for exported models only)"
             )
         modules = {}
-        for ref in sorted({self.model.source, self.model.sample_inputs} - {""}):
+        for ref in sorted({self.model.source, self.model.sample_inputs} - {None}):
             path = module_file(ref)
             if path is None:
                 raise SpecError(f"{self.where}field 'source': cannot find the module of {ref!r}")
@@ -115,21 +122,19 @@ class OnnxBuilder(SpecEntryBuilder):
 
     def build(self, model_dir: Path, output: Path, stages: Stages, entry: ModelEntry) -> None:
         """Check and copy the file, check parity against the reference if one is named, write."""
-        from tools.build_repo.builders import warmup_record
-
         model, source = self.model, onnx_path(self.spec, self.model)
         version_dir = model_dir / VERSION
         version_dir.mkdir()
         target_file = version_dir / cfg.ONNX_FILE
-        stages.run("check", check_signature, source, model)
-        stages.run("copy", shutil.copy2, source, target_file)
+        stages.run(Stage.CHECK, check_signature, source, model)
+        stages.run(Stage.COPY, shutil.copy2, source, target_file)
         sample_fn = None
         if model.source:
             sample_fn = self._parity(target_file, stages, entry)
         else:
-            stages.skip("parity", NO_REFERENCE)
+            stages.skip(Stage.PARITY, NO_REFERENCE)
             stages.result.note = f"parity skipped: {NO_REFERENCE}"
-        stages.run("write", self._write_files, model_dir, sample_fn)
+        stages.run(Stage.WRITE, self._write_files, model_dir, sample_fn)
         entry.opset = None
         entry.warmup = warmup_record(model)
         entry.source = {"onnx": str(source), "sha256": sha256_file(source),
@@ -142,9 +147,9 @@ class OnnxBuilder(SpecEntryBuilder):
         model = self.model
         factory = resolve_reference(model.source, self.where)
         sample_fn = resolve_reference(model.sample_inputs, self.where)
-        torch_model = stages.run("load", factory)
+        torch_model = stages.run(Stage.LOAD, factory)
         runner = onnxruntime_runner(str(onnx_file), threads=self.spec.cpu_cores)
-        figures = stages.run("parity", check_parity, model, torch_model, sample_fn, runner,
+        figures = stages.run(Stage.PARITY, check_parity, model, torch_model, sample_fn, runner,
                              runtime="onnxruntime")
         stages.result.parity["onnxruntime"] = figures_to_manifest(figures)
         entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,

@@ -13,7 +13,8 @@ from pathlib import Path
 from tools.build_repo import config as cfg
 from tools.build_repo.builders import Stages, builder_for
 from tools.build_repo.ensemble import render_all
-from tools.build_repo.manifest import (
+from tools.files import write_atomically
+from tools.manifest import (
     MANIFEST_NAME,
     Manifest,
     ModelEntry,
@@ -21,7 +22,6 @@ from tools.build_repo.manifest import (
     artifacts_present,
     load_manifest,
     tool_versions,
-    write_atomically,
 )
 from tools.build_repo.progress import BuildProgress
 from tools.build_repo.repository import VERSION, Staging, locked, recover_interrupted
@@ -43,6 +43,7 @@ def build_repository(
     progress: bool = True,
     *,
     raise_on_failure: bool = True,
+    allow_missing_gpu: bool = False,
 ) -> BuildResult:
     """Build the model repository described by the spec.
 
@@ -55,6 +56,8 @@ def build_repository(
         progress: draw the live progress display (the summary is printed regardless).
         raise_on_failure: raise the error that stopped the build (default); with False, return
             the result with ``error`` set instead, so callers can read every model's status.
+        allow_missing_gpu: on the gpu target without a visible GPU, build anyway and record each
+            TensorRT stage as skipped (by default that is a ``BuildError`` naming the models).
 
     Returns:
         ``BuildResult`` with each model's status, timings and parity figures: ``skipped``
@@ -84,6 +87,10 @@ def build_repository(
         if name not in names:
             raise UserInputError(f"--only {name}: not in {spec.path} (have {names})")
     selected = [n for n in names if not only or n in only]
+    if target == "gpu" and not allow_missing_gpu:
+        from tools.build_repo.onnx2trt import require_gpu
+
+        require_gpu(spec, selected)
 
     with locked(output):
         restored = recover_interrupted(output)
@@ -178,7 +185,7 @@ class _Build:
             self.staging = self.staging or Staging(self.output)
             stage_dir = self.staging.model_dir(name)
             stages = Stages(result, self.reporter)
-            entry = ModelEntry(kind=builder.kind.value, target=self.target)
+            entry = ModelEntry(kind=builder.kind, target=self.target)
             reuse = None if self.force else builder.reusable_export(model_dir, previous, plan)
             built_at = _now()
             if reuse is not None:
@@ -191,7 +198,7 @@ class _Build:
             entry.spec_hash = plan.inputs["spec"]
             entry.inputs = {k: v for k, v in plan.inputs.items() if k != "config"}
             entry.tools = tool_versions()
-            entry.stages = stages.manifest_form()
+            entry.stages = dict(stages.records)
             entry.artifacts = artifacts_of(stage_dir)
             entry.weights_stat = plan.weights_stat
             entry.built_at = built_at

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tools.build_repo.parity import Runner
+from tools.build_repo.results import Stage
 from tools.build_repo.quality_sets import (
     HELD_OUT,
     OWN_FORM,
@@ -301,7 +302,7 @@ def run_gate(stages: Any, spec: ModelSpec, gate: QualitySetSpec, quality: Qualit
         return stages.result.quality
 
     try:
-        report = stages.run("quality", check_embedding_quality, spec, gate, quality, reference,
+        report = stages.run(Stage.QUALITY, check_embedding_quality, spec, gate, quality, reference,
                             candidate)
     except QualityError as exc:
         exc.report = keep(exc.report)

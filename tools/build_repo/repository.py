@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tools.build_repo.manifest import MANIFEST_NAME, write_atomically
+from tools.files import write_atomically
+from tools.manifest import MANIFEST_NAME
 from tools.errors import BuildError, SpecError
 
 VERSION = "1"

@@ -1,36 +1,22 @@
 """Typed outcomes of `tools build-repo`: what each stage, model and build returns.
 
-Statuses are Enums whose values are the words the summary table and the manifest show.
+Statuses are Enums whose values are the words the summary table and the manifest show; the
+kinds, stages and stage statuses the manifest records are defined with it (``tools/manifest.py``).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.manifest import ModelKind, Stage, StageRecord, StageStatus, Word
 
-class _Word(str, enum.Enum):
-    """An Enum whose members print as their value (in tables, f-strings and JSON)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
+__all__ = ["BuildResult", "ModelKind", "ModelResult", "ModelStatus", "Stage", "StageRecord",
+           "StageStatus"]
 
 
-class ModelKind(_Word):
-    """What a spec entry is, and so which builder packages it."""
-
-    PYTORCH = "pytorch"
-    ONNX = "onnx"  # an ONNX file as the source: no export
-    PYTHON = "python"
-    ENSEMBLE = "ensemble"
-
-
-class ModelStatus(_Word):
+class ModelStatus(Word):
     """What the build did with one model."""
 
     PENDING = "pending"
@@ -38,41 +24,6 @@ class ModelStatus(_Word):
     REPACKAGED = "repackaged"  # export and parity reused, packaging rewritten
     SKIPPED = "skipped"
     FAILED = "failed"
-
-
-class StageStatus(_Word):
-    """What happened to one stage of one model."""
-
-    DONE = "done"
-    SKIPPED = "skipped"  # could not run here (no GPU); the reason says why
-    REUSED = "reused"  # carried over from an earlier build
-
-
-@dataclass
-class StageRecord:
-    """One stage's line in the manifest."""
-
-    status: StageStatus
-    seconds: float | None = None
-    reason: str = ""
-    reused_from: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The manifest form: only the fields that apply."""
-        out: dict[str, Any] = {"status": self.status.value}
-        if self.seconds is not None:
-            out["seconds"] = self.seconds
-        if self.reason:
-            out["reason"] = self.reason
-        if self.reused_from:
-            out["from"] = self.reused_from
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StageRecord:
-        """Read the manifest form back."""
-        return cls(StageStatus(data["status"]), data.get("seconds"), data.get("reason", ""),
-                   data.get("from", ""))
 
 
 @dataclass
@@ -83,7 +34,7 @@ class ModelResult:
     kind: ModelKind
     status: ModelStatus = ModelStatus.PENDING
     seconds: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[Stage, float] = field(default_factory=dict)
     parity: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     note: str = ""
     quality: Any = None  # quality.QualityReport of a gated variant built in this run

@@ -1,7 +1,8 @@
-"""``tools loadtest``: run the Locust scenarios headless against a server and gate them on SLOs.
+"""``tools loadtest``: run Locust headless on any pipeline or model of the spec, gated on SLOs.
 
-Each scenario and protocol is one Locust child process under a hard timeout; the server is given
-(``--url``/``--grpc-url``) or started embedded on a built repository (``--repository``).
+Each scenario and protocol is one Locust child process under a hard timeout; the load is derived
+from the spec's inputs (``tools.load.scenario``); the server is given (``--url``/``--grpc-url``)
+or started embedded on a built repository (``--repository``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ import click
 
 from tools.command import ToolCommand
 from tools.errors import LoadTestError, UserInputError
-from tools.loadtest.runner import RunResult, RunSpec, run_locust
-from tools.loadtest.slo import DEFAULT_SLO_FILE, PROTOCOLS, load_slo
-
-SCENARIO_NAMES = ("text_embedding", "image_classification")
+from tools.load.scenario import Scenario, build_scenario
+from tools.loadtest.runner import DEFAULT_SPEC, RunResult, RunSpec, run_locust
+from tools.loadtest.slo import (
+    PROTOCOLS,
+    NoScenarioSLO,
+    default_slo_file,
+    load_slo,
+    scenario_slo,
+)
 
 
 class _Progress:
@@ -70,13 +76,19 @@ def run_loadtests(
     stop_timeout_s: float = 30.0,
     hard_timeout_s: float | None = None,
     echo_output: bool = True,
+    spec_path: Path = DEFAULT_SPEC,
+    data: Path | None = None,
+    p99_ms: float | None = None,
+    max_error_ratio: float | None = None,
 ) -> list[RunResult]:
     """Run every scenario over every protocol, one after the other, and return the results.
 
-    Load, duration and warm-up default to the scenario's ``load`` in the SLO file.
+    Load, duration and warm-up default to the scenario's ``load`` in the SLO file (or
+    ``DEFAULT_LOAD`` for a scenario only ``p99_ms`` gives targets to).
 
     Raises:
-        UserInputError: an endpoint for a requested protocol is missing, or the SLO file is bad.
+        UserInputError: an endpoint for a requested protocol is missing, a scenario is not in
+            the spec, ``data`` does not fit it, or the SLO file is bad or lacks the scenario.
     """
     endpoints = {"http": url, "grpc": grpc_url}
     for protocol in protocols:
@@ -86,7 +98,8 @@ def run_loadtests(
     progress = _Progress()
     results = []
     for scenario in scenarios:
-        slo = load_slo(slo_file, slo_profile, scenario)
+        slo = scenario_slo(slo_file, slo_profile, scenario, p99_ms=p99_ms,
+                           max_error_ratio=max_error_ratio)
         for protocol in protocols:
             run_users = users if (users or rate) else slo.load.users
             run_rate = rate if (users or rate) else slo.load.rate
@@ -103,6 +116,10 @@ def run_loadtests(
                 report_dir=report_dir / f"{scenario}-{protocol}",
                 stats_url=url or "",
                 stop_timeout_s=stop_timeout_s,
+                spec=spec_path,
+                data=data,
+                p99_ms=p99_ms,
+                max_error_ratio=max_error_ratio,
             )
             load = f"{spec.rate:g} req/s open loop" if spec.rate else f"{spec.users} users"
             click.echo(
@@ -144,9 +161,45 @@ def write_overview(results: list[RunResult], report_dir: Path) -> Path:
     return path
 
 
+def chosen_scenarios(spec_path: Path, names: tuple[str, ...], data: Path | None,
+                     slo_file: Path, slo_profile: str) -> list[Scenario]:
+    """The scenarios to run, built (and so checked) before any server starts.
+
+    Without names: every pipeline of the spec that has an entry in the SLO profile.
+
+    Raises:
+        UserInputError: a name is not in the spec (the known ones listed), ``data`` does not fit
+            a scenario (file, line and input named), or no pipeline has an SLO entry.
+    """
+    from tools.build_repo.spec import load_spec
+
+    spec = load_spec(spec_path)
+    if not names:
+        with_slo = []
+        for pipeline in spec.for_target(spec.target).pipelines:
+            try:
+                load_slo(slo_file, slo_profile, pipeline.name)
+            except NoScenarioSLO:
+                continue
+            with_slo.append(pipeline.name)
+        if not with_slo:
+            raise UserInputError(f"no pipeline of {spec.path} has an SLO in {slo_file} (profile "
+                                 f"{slo_profile}); name one with --scenario (and --p99-ms)")
+        names = tuple(with_slo)
+    return [build_scenario(spec, name, data) for name in names]
+
+
 @click.command("loadtest", cls=ToolCommand)
-@click.option("--scenario", "scenarios", multiple=True, type=click.Choice(SCENARIO_NAMES),
-              help="Scenario to run (repeatable) [default: all].")
+@click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
+              help="Pipeline or model of the spec to load (repeatable) [default: every pipeline "
+              "with an SLO entry].")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("repository.yaml"), show_default=True,
+              help="The spec the scenarios' load is derived from.")
+@click.option("--data", type=click.Path(exists=True, path_type=Path),
+              help="Send these payloads instead of the shipped ones: texts (one per line; "
+              "tab-separated for text pairs), a folder of images, or JSON lines (one request per "
+              "line, input name -> value).")
 @click.option("--protocol", type=click.Choice(["http", "grpc", "both"]), default="both",
               show_default=True, help="Client protocol; both runs them one after the other.")
 @click.option("--url", help="HTTP endpoint host:port of a running server (also used for statistics).")
@@ -158,9 +211,15 @@ def write_overview(results: list[RunResult], report_dir: Path) -> Path:
               help="Open loop: arrivals per second, independent of response times.")
 @click.option("--duration", type=click.FloatRange(min=1), help="Measured seconds after warm-up.")
 @click.option("--warmup", type=click.FloatRange(min=0), help="Seconds excluded at the start.")
+@click.option("--p99-ms", type=click.FloatRange(min=0, min_open=True),
+              help="P99 target over the SLO file's; enough for a scenario without an entry.")
+@click.option("--max-error-ratio", type=click.FloatRange(min=0, max=1),
+              help="Error-ratio limit over the SLO file's (default for a scenario without an "
+              "entry: 0).")
 @click.option("--slo-profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
-@click.option("--slo-file", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_SLO_FILE, show_default="loadtests/slo.yaml of this project",
+@click.option("--slo-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              show_default="the spec's: loadtests/slo.yaml or slo.yaml beside it, else "
+              "loadtests/slo.yaml of this project",
               help="SLO targets and default loads per profile and scenario.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("loadtest-report"), show_default=True)
@@ -170,6 +229,8 @@ def write_overview(results: list[RunResult], report_dir: Path) -> Path:
               help="Hard wall-clock limit per run [default: warm-up + duration + allowances].")
 def loadtest(
     scenarios: tuple[str, ...],
+    spec_path: Path,
+    data: Path | None,
     protocol: str,
     url: str | None,
     grpc_url: str | None,
@@ -178,24 +239,31 @@ def loadtest(
     rate: float | None,
     duration: float | None,
     warmup: float | None,
+    p99_ms: float | None,
+    max_error_ratio: float | None,
     slo_profile: str,
-    slo_file: Path,
+    slo_file: Path | None,
     report_dir: Path,
     stop_timeout: float,
     hard_timeout: float | None,
 ) -> None:
-    """Run Locust scenarios headless and gate them on exact P99, error ratio and throughput.
+    """Load pipelines or models of the spec with Locust and gate them on exact P99, error ratio
+    and throughput.
 
+    The load is derived from each scenario's typed inputs: texts for a string input a tokenizer
+    reads, the shipped photos for one an image step reads, text pairs for two text inputs,
+    generated tensors within the spec's shape ranges for a raw model; --data replaces them.
     Latencies are each request's exact time (not Locust's rounded buckets); the warm-up is left
     out. Per run, REPORT_DIR/<scenario>-<protocol>/ gets requests.csv/.json (raw records),
-    summary.json (percentiles, targets, Triton's queue/compute view and mean executed batch),
-    locust.html and locust.log. Exits 1 with one line per missed target.
+    summary.json (percentiles, targets, what was sent, Triton's queue/compute view and mean
+    executed batch), locust.html and locust.log. Exits 1 with one line per missed target.
 
     \b
     Examples:
       tools loadtest --repository model_repository
       tools loadtest --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --scenario text_embedding \\
           --protocol grpc --rate 40 --duration 60
+      tools loadtest --repository model_repository --scenario minilm_encoder --p99-ms 500
     """
     if users and rate:
         raise UserInputError("give --users (closed loop) or --rate (open loop), not both")
@@ -203,18 +271,23 @@ def loadtest(
         raise UserInputError("give --repository (embedded server) or --url/--grpc-url, not both")
     if repository is None and not (url or grpc_url):
         raise UserInputError("give --url/--grpc-url of a running server, or --repository")
-    chosen = scenarios or SCENARIO_NAMES
+    slo_file = slo_file if slo_file is not None else default_slo_file(spec_path)
+    chosen = chosen_scenarios(spec_path, scenarios, data, slo_file, slo_profile)
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
     for scenario in chosen:  # fail on a bad SLO file before starting anything
-        load_slo(slo_file, slo_profile, scenario)
-    from tools.serve.server import endpoints
+        scenario_slo(slo_file, slo_profile, scenario.name, p99_ms=p99_ms,
+                     max_error_ratio=max_error_ratio)
+        click.echo(f"{scenario.name}: {len(scenario.requests)} distinct requests", err=True)
+        for line in scenario.describe():
+            click.echo(f"  {line}", err=True)
+    from tools.serve.session import endpoints
 
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     with endpoints(repository, url, grpc_url, report_dir / "tritonserver.log", say) as (
         http_url, grpc_endpoint
     ):
         results = run_loadtests(
-            scenarios=tuple(chosen),
+            scenarios=tuple(s.name for s in chosen),
             protocols=protocols,
             url=http_url,
             grpc_url=grpc_endpoint,
@@ -227,6 +300,10 @@ def loadtest(
             report_dir=report_dir,
             stop_timeout_s=stop_timeout,
             hard_timeout_s=hard_timeout,
+            spec_path=spec_path,
+            data=data,
+            p99_ms=p99_ms,
+            max_error_ratio=max_error_ratio,
         )
     overview = write_overview(results, report_dir)
     click.echo(f"reports: {report_dir}/ (overview {overview})", err=True)

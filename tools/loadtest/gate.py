@@ -145,11 +145,11 @@ def summarize(
 
 @dataclass(frozen=True)
 class Targets:
-    """Service-level objectives of one scenario and protocol."""
+    """Service-level objectives of one scenario and protocol (no throughput target: None)."""
 
     p99_ms: float
     max_error_ratio: float
-    min_throughput_rps: float
+    min_throughput_rps: float | None = None
 
 
 def violations(summary: Summary, targets: Targets) -> list[str]:
@@ -175,7 +175,8 @@ def violations(summary: Summary, targets: Targets) -> list[str]:
             f"error ratio {summary.error_ratio:.4f} ({summary.errors}/{summary.requests})"
             f" > {targets.max_error_ratio:g}"
         )
-    if summary.throughput_rps < targets.min_throughput_rps:
+    if targets.min_throughput_rps is not None and \
+            summary.throughput_rps < targets.min_throughput_rps:
         missed.append(
             f"throughput {summary.throughput_rps:.1f} req/s < {targets.min_throughput_rps:g} req/s"
         )
@@ -189,10 +190,12 @@ def verdict_line(summary: Summary, targets: Targets, profile: str) -> str:
     if missed:
         return f"SLO FAIL {where}: " + "; ".join(missed)
     p99 = summary.latency_ms[pct_key(99.0)]
+    throughput = f"{summary.throughput_rps:.1f} req/s " + (
+        "(no throughput target)" if targets.min_throughput_rps is None
+        else f">= {targets.min_throughput_rps:g} req/s")
     return (
         f"SLO PASS {where}: P99 {p99:.1f} ms <= {targets.p99_ms:g} ms, errors "
-        f"{summary.error_ratio:.4f} <= {targets.max_error_ratio:g}, "
-        f"{summary.throughput_rps:.1f} req/s >= {targets.min_throughput_rps:g} req/s"
+        f"{summary.error_ratio:.4f} <= {targets.max_error_ratio:g}, {throughput}"
     )
 
 

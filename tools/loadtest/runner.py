@@ -26,6 +26,7 @@ from tools import process
 from tools.errors import LoadTestError
 
 LOCUSTFILE = paths.LOCUSTFILE
+DEFAULT_SPEC = paths.SPEC_FILE
 STARTUP_ALLOWANCE_S = 60.0  # importing locust/tritonclient and connecting, on a busy machine
 EXIT_ALLOWANCE_S = 30.0  # the gate, reports, and the in-process exit watchdog
 _TERM_WAIT_S = 5.0  # Locust's own shutdown after SIGTERM
@@ -37,7 +38,7 @@ class RunSpec:
     """One headless Locust run: a scenario over one protocol at one load.
 
     Attributes:
-        scenario: ``text_embedding`` or ``image_classification``.
+        scenario: A pipeline or model of ``spec`` (``tools.load.scenario``).
         protocol: ``http`` or ``grpc``.
         host: ``host:port`` of the endpoint of ``protocol``.
         users: Closed-loop users (ignored when ``rate`` is set, which uses ``dispatchers``).
@@ -50,6 +51,10 @@ class RunSpec:
         stats_url: ``host:port`` of Triton's HTTP endpoint for statistics (default: ``host``).
         stop_timeout_s: How long requests in flight at the end may take to finish.
         dispatchers: Open-loop dispatcher users sharing ``rate``.
+        spec: The repository spec the scenario's load is derived from.
+        data: Payloads instead of the shipped ones (texts, images folder, JSON lines).
+        p99_ms: P99 target over the SLO file's (enough when the file has no entry).
+        max_error_ratio: Error-ratio limit over the SLO file's.
     """
 
     scenario: str
@@ -65,12 +70,15 @@ class RunSpec:
     stats_url: str = ""
     stop_timeout_s: float = 30.0
     dispatchers: int = 1
+    spec: Path = DEFAULT_SPEC
+    data: Path | None = None
+    p99_ms: float | None = None
+    max_error_ratio: float | None = None
 
     @property
     def user_class(self) -> str:
-        """The locustfile's class for this scenario and protocol, e.g. ``TextEmbeddingGrpcUser``."""
-        camel = "".join(part.capitalize() for part in self.scenario.split("_"))
-        return f"{camel}{self.protocol.capitalize()}User"
+        """The locustfile's user of this protocol: ``ScenarioHttpUser`` or ``ScenarioGrpcUser``."""
+        return f"Scenario{self.protocol.capitalize()}User"
 
     @property
     def hard_timeout_s(self) -> float:
@@ -118,7 +126,15 @@ def locust_command(spec: RunSpec) -> list[str]:
         "--slo-file", str(spec.slo_file),
         "--slo-profile", spec.slo_profile,
         "--report-dir", str(spec.report_dir),
+        "--scenario", spec.scenario,
+        "--spec", str(Path(spec.spec).resolve()),
     ]
+    if spec.data is not None:
+        cmd += ["--data", str(Path(spec.data).resolve())]
+    if spec.p99_ms is not None:
+        cmd += ["--p99-ms", f"{spec.p99_ms:g}"]
+    if spec.max_error_ratio is not None:
+        cmd += ["--max-error-ratio", f"{spec.max_error_ratio:g}"]
     if spec.rate:
         cmd += ["--arrival-rate", f"{spec.rate:g}"]
     if spec.stats_url:

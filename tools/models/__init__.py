@@ -1,7 +1,7 @@
 """PyTorch model factories that `tools build-repo` exports, one module per model.
 
 The spec (``repository.yaml``) names three callables of a model module by import path
-(``package.module:function``); ``tools/build_repo/spec.py`` resolves them. Every model module follows
+(``package.module:function``); ``tools/build_repo/spec/references.py`` resolves them. Every model module follows
 the same contract, so the builder treats MiniLM and EfficientNet-Lite0 alike:
 
 ``build_model() -> torch.nn.Module``

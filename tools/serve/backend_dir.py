@@ -1,4 +1,5 @@
-"""Assemble the backend directory the embedded tritonserver loads the Python backend from.
+"""Assemble the backend directory the embedded tritonserver loads the Python backend from, and
+the environment its stubs run in.
 
 The nvidia-pytriton wheel ships the Python backend and one stub per Python version; we link the
 ones matching the running interpreter into a project cache folder, never into site-packages.
@@ -11,6 +12,7 @@ import os
 import site
 import sys
 import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
 
 from tools.errors import ServerError, UserInputError
@@ -144,3 +146,47 @@ def python_backend_dir(
         _link(wheel / "backends" / "python" / name, python_dir / name)
     _link(stub, python_dir / STUB_NAME)
     return backend_dir
+
+
+def installed_backends(binary: Path) -> Path | None:
+    """``../backends`` of an installed server such as the NGC image's ``/opt/tritonserver``
+    (its Python backend brings its own stub); None for the wheel's binary."""
+    home = binary.resolve().parent.parent
+    own = home / "backends"
+    if home != pytriton_server_dir().resolve() and (own / "python").is_dir():
+        return own
+    return None
+
+
+def backend_directory(binary: Path) -> Path:
+    """The ``--backend-directory`` for ``binary``: an installed server's own, else the project
+    cache one (``python_backend_dir``)."""
+    return installed_backends(binary) or python_backend_dir()
+
+
+def stub_environment(
+    base: Mapping[str, str] | None = None, *, libpython: bool = True
+) -> dict[str, str]:
+    """An environment for a server whose Python-backend stubs run this interpreter's packages.
+
+    Args:
+        base: The environment to extend; defaults to this process's.
+        libpython: Also put this interpreter's LIBDIR first on ``LD_LIBRARY_PATH`` (the wheel's
+            stub loads ``libpython3.X.so.1.0``; an installed server's own stub does not).
+
+    Returns:
+        ``base`` with this virtual environment's ``bin`` first on ``PATH`` (the stub imports
+        packages through the interpreter found there).
+
+    Raises:
+        ServerError: ``libpython`` and this interpreter's library is not in its LIBDIR.
+    """
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join(
+        p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p
+    )
+    if libpython:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+    return env

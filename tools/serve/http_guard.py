@@ -1,44 +1,84 @@
-"""A bound on HTTP request size in front of an embedded tritonserver that has none.
+"""A bound on HTTP request size, and strict HTTP/1.1 framing, in front of tritonserver 2.51.
 
 Triton 2.51 (the nvidia-pytriton wheel) has no ``--http-max-input-size``: it reads a whole body
 into memory before any check, and a JSON request whose ``shape`` is huge (``[1, 2**40]``) makes
 it allocate that many bytes and abort (``std::bad_alloc``), taking every model down. This guard
 listens on the public HTTP port and forwards to tritonserver on a loopback port of its own,
-one upstream connection per client connection (keep-alive kept). Before a body is read it
-refuses, with a JSON ``{"error": ...}`` naming the limit:
+one upstream connection per client connection (keep-alive kept, pipelined requests answered in
+order). Before a body is read it refuses, with a JSON ``{"error": ...}`` naming the limit:
 
 - a body over ``max_body_bytes`` (HTTP 413, the connection closed without reading it; an
   ``Expect: 100-continue`` client is refused before it sends anything);
 - a body over 64 KiB when the bodies being read already hold ``max_buffered_bytes`` (HTTP 503;
   smaller bodies, such as every text request, are not counted);
-- a body without ``Content-Length`` (HTTP 411: Triton's clients always send one);
-- headers over ``MAX_HEAD_BYTES`` (HTTP 431), a client that sends too slowly (HTTP 408).
+- ``Transfer-Encoding`` without ``Content-Length`` (HTTP 411: Triton's clients always send one);
+- a request line over ``MAX_REQUEST_LINE_BYTES`` (414), a header section over ``MAX_HEAD_BYTES``
+  or ``MAX_HEADERS`` lines (431), a client that sends too slowly (408);
+- any head that RFC 9112 does not frame one way only (HTTP 400): bare LF or CR line endings,
+  obs-fold (a line starting with SP/HTAB), whitespace or any other non-token byte before the
+  colon, control bytes in a value, a malformed request line or version, a ``Content-Length``
+  that is duplicated, a list, signed, not digits or over 18 digits, ``Content-Length`` together
+  with ``Transfer-Encoding``, no or several ``Host`` in HTTP/1.1, a duplicated or non-digit
+  ``Inference-Header-Content-Length`` or one longer than the body.
 
-and, once the body is read, an inference request with an input whose ``shape`` is negative or
-holds more elements than the body has bytes (HTTP 400): every element takes at least one byte in
-JSON and in binary tensor data alike, so only a shape that cannot match its data is refused
-(inputs in shared memory are left to Triton). Everything else passes through unchanged.
+Every such refusal closes the connection (after the answer, lingering briefly so the client
+reads it). What goes upstream is what the guard parsed, serialised anew (request line, then
+each header as ``Name: value``; ``Expect`` answered here and ``Upgrade`` dropped), never the
+client's own head bytes, so tritonserver cannot read a request the guard did not see.
+
+Once the body is read, an inference request with an input whose ``shape`` is negative or holds
+more elements than the body has bytes is refused (HTTP 400): every element takes at least one
+byte in JSON and in binary tensor data alike, so only a shape that cannot match its data is
+refused (inputs in shared memory are left to Triton). An ``Admission`` may refuse an inference
+request per model (HTTP 503 with ``Retry-After``); the default admits all.
 
 Run by ``EmbeddedServer(http_guard=...)`` (``python -m tools.serve.http_guard --listen-port P
 --upstream-port U --watch-pid PID``) and by the CPU image's ``tritonserver`` wrapper
-(docker/tritonserver-cpu.sh). Standard library only. It exits when ``PID`` (tritonserver) is gone.
+(docker/tritonserver-cpu.sh). Standard library only (uvloop's event loop when importable). It
+exits when ``PID`` (tritonserver) is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
 import math
 import os
+import re
 import signal
 import sys
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LOOPBACK = "127.0.0.1"
-MAX_HEAD_BYTES = 64 * 1024
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers
+MAX_REQUEST_LINE_BYTES = 8 * 1024
+MAX_HEADERS = 100
 SMALL_BODY_BYTES = 64 * 1024  # bodies up to this size are not counted against the budget
-_INFER_SUFFIX = "/infer"
+LINGER_S = 1.0  # after a refusal that closes: time the client gets to read it
+_INFER_SUFFIX = b"/infer"
+
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_REQUEST_LINE_PATTERN = rb"(" + _TOKEN + rb") ([!-~]+) HTTP/1\.([01])"
+# field-name ":" OWS field-value OWS; a value holds visible bytes, SP and HTAB, never a CTL
+# (no nested repetition: linear time on a 64 KiB head)
+_FIELD_PATTERN = _TOKEN + rb":[\t !-~\x80-\xff]*"
+_HEAD = re.compile(_REQUEST_LINE_PATTERN + rb"((?:\r\n" + _FIELD_PATTERN + rb")*)")
+_REQUEST_LINE = re.compile(_REQUEST_LINE_PATTERN)
+_FIELD = re.compile(_FIELD_PATTERN)
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+# A "shape" of non-negative integers; with no backslash in the JSON every "shape" is a string
+# delimited by its quotes, so a key "shape" cannot hide from this.
+_SHAPES = re.compile(rb'"shape"[ \t\r\n]*:[ \t\r\n]*\[([0-9, \t\r\n]*)\]')
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: [^\r\n]*)?")
+_NOT_FORWARDED = frozenset({b"expect", b"upgrade"})
+_SINGLE = (b"content-length", b"host", b"inference-header-content-length", b"expect",
+           b"content-encoding")
+# Request body codings tritonserver decodes (src/data_compressor.h); bounded here first.
+_CODINGS = {b"gzip": 16 + 15, b"deflate": 15, b"identity": None}
 
 
 @dataclass(frozen=True)
@@ -59,9 +99,192 @@ class GuardLimits:
 class Refusal(Exception):
     """A request the guard answers itself: HTTP ``status`` with ``{"error": message}``."""
 
-    def __init__(self, status: int, reason: str, message: str, *, close: bool = False) -> None:
+    def __init__(self, status: int, reason: str, message: str, *, close: bool = True,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
-        self.status, self.reason, self.close = status, reason, close
+        self.status, self.reason, self.close, self.headers = status, reason, close, headers
+
+
+def _bad(message: str) -> Refusal:
+    return Refusal(400, "Bad Request", message)
+
+
+class Overloaded(Exception):
+    """Raised by an ``Admission`` to refuse a request (HTTP 503 with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Admission:
+    """Decides per inference request whether it goes to tritonserver; this one admits all.
+
+    A subclass (an SLO-aware gate) overrides ``admit``: raise ``Overloaded`` to refuse, or
+    return a callable that the guard calls with the response status once it has been relayed
+    (or with 0 when the request failed without one), e.g. to learn the model's latency.
+    """
+
+    def admit(self, model: str) -> Callable[[int], None] | None:
+        """Admit a request to ``model`` (the ``/v2/models/<model>/.../infer`` path segment)."""
+        return None
+
+
+@dataclass
+class Request:
+    """A request head as the guard parsed it (and forwards it).
+
+    Attributes:
+        method: The method token.
+        target: The request target (origin form, or ``*``).
+        minor: 1 for HTTP/1.1, 0 for HTTP/1.0.
+        fields: The header fields in order, ``(name as sent, value)``.
+        length: The body length (``Content-Length``, else 0).
+        header_length: ``Inference-Header-Content-Length``, or None.
+        expect_continue: The client waits for ``100 Continue`` before its body.
+        close: The connection closes after this request's response.
+        coding: ``Content-Encoding`` (``gzip``, ``deflate``), or None.
+    """
+
+    method: bytes
+    target: bytes
+    minor: int
+    fields: list[tuple[bytes, bytes]]
+    length: int = 0
+    header_length: int | None = None
+    expect_continue: bool = False
+    close: bool = False
+    coding: bytes | None = None
+
+    def head(self) -> bytes:
+        """The head sent upstream: serialised from the parsed fields."""
+        lines = [b"%s %s HTTP/1.%d" % (self.method, self.target, self.minor)]
+        lines += [name + b": " + value for name, value in self.fields
+                  if name.lower() not in _NOT_FORWARDED]
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    @property
+    def is_infer(self) -> bool:
+        """True for an inference request (a path that ends in ``/infer``)."""
+        return self.target.split(b"?", 1)[0].endswith(_INFER_SUFFIX)
+
+    @property
+    def model(self) -> str | None:
+        """The model of an inference request (``/v2/models/<model>[/versions/<v>]/infer``)."""
+        path = self.target.split(b"?", 1)[0]
+        if not path.endswith(_INFER_SUFFIX) or not path.startswith(b"/v2/models/"):
+            return None
+        return path[len(b"/v2/models/"):].split(b"/", 1)[0].decode("latin-1")
+
+
+def parse_head(head: bytes) -> Request:
+    """Parse a request head (without its final empty line) the one way RFC 9112 allows.
+
+    Raises:
+        Refusal: 400 for anything ambiguous or malformed, 414 / 431 over the size limits, 411
+            for a body without ``Content-Length``, 417 for an expectation other than
+            100-continue; each closes the connection.
+    """
+    match = _HEAD.fullmatch(head)  # one pass over the whole head; the details only on failure
+    if match is None:
+        raise _malformed(head)
+    method, target, minor = match.group(1), match.group(2), int(match.group(3))
+    if match.start(4) > MAX_REQUEST_LINE_BYTES:
+        raise Refusal(414, "URI Too Long", f"request line over {MAX_REQUEST_LINE_BYTES} bytes")
+    if not (target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")):
+        raise _bad(f"request target {target[:100]!r} is not a path")
+    lines = match.group(4).split(b"\r\n")
+    if len(lines) > MAX_HEADERS + 1:
+        raise Refusal(431, "Request Header Fields Too Large", f"more than {MAX_HEADERS} headers")
+    request = Request(method, target, minor, [])
+    seen: dict[bytes, bytes] = {}
+    connection = b""
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        value = value.strip(b" \t")
+        key = name.lower()
+        if b"_" in key and key.replace(b"_", b"-") in _SINGLE + (b"transfer-encoding",):
+            raise _bad(f"header {name.decode('latin-1')!r}: an underscore in a framing header's "
+                       f"name (a server behind may read it as {key.replace(b'_', b'-').decode()})")
+        if key in seen and key in _SINGLE:
+            raise _bad(f"more than one {name.decode('latin-1')} header")
+        if key not in seen:
+            seen[key] = value
+        if key == b"connection":
+            connection += b"," + value.lower()
+        request.fields.append((name, value))
+    if b"transfer-encoding" in seen:
+        if b"content-length" in seen:
+            raise _bad("Content-Length together with Transfer-Encoding (RFC 9112 section 6.3)")
+        raise Refusal(411, "Length Required", "send the request body with a Content-Length "
+                      "(chunked bodies are not accepted)")
+    if minor == 1 and b"host" not in seen:
+        raise _bad("HTTP/1.1 request without a Host header")
+    raw = seen.get(b"content-length")
+    if raw is not None:
+        if _DIGITS.fullmatch(raw) is None:
+            raise _bad(f"Content-Length {raw[:40].decode('latin-1')!r} is not a number of at "
+                       f"most 18 digits")
+        request.length = int(raw)
+        if raw[:1] == b"0" and request.length:  # forwarded as the number it was read as
+            request.fields = [(n, b"%d" % request.length if n.lower() == b"content-length" else v)
+                              for n, v in request.fields]
+    raw = seen.get(b"inference-header-content-length")
+    if raw is not None:
+        if _DIGITS.fullmatch(raw) is None or int(raw) > request.length:
+            raise _bad(f"Inference-Header-Content-Length {raw[:40].decode('latin-1')!r} is not "
+                       f"a number within the {request.length}-byte body")
+        request.header_length = int(raw)
+    expect = seen.get(b"expect")
+    if expect is not None:
+        if expect.lower() != b"100-continue":
+            raise Refusal(417, "Expectation Failed",
+                          f"expectation {expect[:40].decode('latin-1')!r} is not supported")
+        request.expect_continue = True
+    coding = seen.get(b"content-encoding")
+    if coding is not None:
+        if coding.lower() not in _CODINGS:
+            raise Refusal(415, "Unsupported Media Type", f"Content-Encoding "
+                          f"{coding[:40].decode('latin-1')!r} (tritonserver decodes gzip and "
+                          f"deflate)")
+        request.coding = None if coding.lower() == b"identity" else coding.lower()
+    tokens = {t.strip() for t in connection.split(b",")}
+    request.close = b"close" in tokens or (minor == 0 and b"keep-alive" not in tokens)
+    return request
+
+
+def _malformed(head: bytes) -> Refusal:
+    """Why ``head`` does not parse, in words (the first problem, line by line)."""
+    lines = head.split(b"\r\n")
+    if len(lines[0]) > MAX_REQUEST_LINE_BYTES:
+        return Refusal(414, "URI Too Long", f"request line over {MAX_REQUEST_LINE_BYTES} bytes")
+    if head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1:
+        return _bad("a line of the request head ends in a bare LF or CR (only CRLF ends a line)")
+    if _REQUEST_LINE.fullmatch(lines[0]) is None:
+        return _bad(f"malformed request line {lines[0][:100]!r} (expected METHOD TARGET HTTP/1.x)")
+    for line in lines[1:]:
+        if _FIELD.fullmatch(line) is None:
+            if line[:1] in (b" ", b"\t"):
+                return _bad("obs-fold: a header line starts with whitespace (line folding is "
+                            "not accepted)")
+            return _bad(f"malformed header line {line[:100]!r} (expected Name: value, no "
+                        f"whitespace before the colon, no control characters)")
+    return _bad("malformed request head")
+
+
+def _small_shapes(header: bytes, body_bytes: int) -> bool:
+    """True when, without parsing the JSON, every ``shape`` in it is known to fit the body (the
+    common case); False when that takes the JSON parser."""
+    if b"\\" in header:
+        return False
+    shapes = _SHAPES.findall(header)
+    if len(shapes) != header.count(b'"shape"'):
+        return False
+    try:
+        return all(math.prod(int(d) for d in dims.split(b",")) <= body_bytes
+                   for dims in shapes if dims.strip())
+    except ValueError:  # e.g. [1,,2]
+        return False
 
 
 def shape_problem(header: bytes, body_bytes: int) -> str | None:
@@ -71,6 +294,8 @@ def shape_problem(header: bytes, body_bytes: int) -> str | None:
     bytes); ``body_bytes`` the size of the whole body. Bodies that are not JSON objects are left
     to Triton, which answers them with its own error.
     """
+    if _small_shapes(header, body_bytes):
+        return None
     try:
         request = json.loads(header)
     except ValueError:
@@ -98,177 +323,533 @@ def shape_problem(header: bytes, body_bytes: int) -> str | None:
     return None
 
 
-def _response(status: int, reason: str, message: str, close: bool) -> bytes:
-    body = json.dumps({"error": message}).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+def decoded(body: bytes, coding: bytes, limit: int) -> bytes:
+    """``body`` decoded from ``coding`` (gzip or deflate), at most ``limit`` bytes of it.
+
+    Raises:
+        Refusal: 413 when it decodes to more than ``limit`` bytes, 400 when it does not decode.
+    """
+    inflater = zlib.decompressobj(_CODINGS[coding])
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _bad(f"request body is not valid {coding.decode()} data ({exc})") from None
+    if len(data) > limit:
+        raise Refusal(413, "Content Too Large", f"request body decodes ({coding.decode()}) to "
+                      f"more than the limit of {limit} bytes")
+    return data
+
+
+def _response(refusal: Refusal) -> bytes:
+    body = json.dumps({"error": str(refusal)}).encode()
+    head = (f"HTTP/1.1 {refusal.status} {refusal.reason}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n")
-    if close:
+    head += "".join(f"{name}: {value}\r\n" for name, value in refusal.headers)
+    if refusal.close:
         head += "Connection: close\r\n"
     return head.encode() + b"\r\n" + body
 
 
-def _headers(head: bytes) -> tuple[str, str, dict[str, str]]:
-    """Request line (method, target) and headers (lower-case names) of a request head."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        raise Refusal(400, "Bad Request", f"malformed request line {lines[0][:100]!r}", close=True)
-    headers = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    return parts[0], parts[1], headers
+class _State(enum.Enum):
+    HEAD = "reading a request head"
+    BODY = "reading a request body"
+    WAITING = "waiting for tritonserver's response"
+    CLOSING = "closing"
 
 
 class HttpGuard:
-    """The guard's connections; one asyncio task per client connection."""
+    """The guard's connections and the budget they share.
 
-    def __init__(self, upstream_port: int, limits: GuardLimits) -> None:
+    Args:
+        upstream_port: tritonserver's HTTP port on 127.0.0.1.
+        limits: What passes.
+        admission: Decides per inference request (default: admit all).
+    """
+
+    def __init__(self, upstream_port: int, limits: GuardLimits,
+                 admission: Admission | None = None) -> None:
         self.upstream_port = upstream_port
         self.limits = limits
+        self.admission = admission or Admission()
         self.buffered = 0
+        self.connections: set[_Client] = set()
+        self._sweeper: asyncio.Task | None = None
 
-    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        try:
-            while True:
+    async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
+        """Listen on ``address:port``; the server's connections are this guard's."""
+        loop = asyncio.get_running_loop()
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
+        return await loop.create_server(lambda: _Client(self), address, port, reuse_address=True)
+
+    async def _sweep(self) -> None:
+        """Time out slow senders (408), idle keep-alive connections and lingering closes."""
+        interval = min(0.5, self.limits.read_timeout_s / 4)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for client in [c for c in self.connections if c.deadline < now]:
+                client.timed_out()
+
+
+class _Client(asyncio.Protocol):
+    """One client connection: parses its requests, sends them upstream, relays the answers."""
+
+    def __init__(self, guard: HttpGuard) -> None:
+        self.guard = guard
+        self.loop = asyncio.get_running_loop()
+        self.buf = bytearray()
+        self.state = _State.HEAD
+        self.request: Request | None = None
+        self.reserved = 0  # body bytes counted against the guard's budget
+        self.deadline = self.loop.time() + guard.limits.read_timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.upstream: _Upstream | None = None
+        self.pending: tuple[bytes, bytes] | None = None  # sent upstream, no answer yet
+        self.retried = False
+        self.done: Callable[[int], None] | None = None
+        self.eof = False
+        self.paused = False
+
+    # ---- client side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.guard.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state is _State.CLOSING:
+            return  # lingering after a refusal: discard
+        self.buf += data
+        self._advance()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.state is _State.WAITING:
+            return True  # half-closed after sending: the answer still goes back
+        self.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.connections.discard(self)
+        self._release()
+        self._finish(0)
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
+
+    def pause_writing(self) -> None:  # the client reads slower than tritonserver answers
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+
+    def _advance(self) -> None:
+        """Handle what ``buf`` holds: heads, bodies, pipelined requests (in order)."""
+        while True:
+            if self.state is _State.HEAD:
+                while self.buf.startswith(b"\r\n"):  # RFC 9112 2.2: empty lines before a request
+                    del self.buf[:2]
+                end = self.buf.find(b"\r\n\r\n")
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
-                                                  self.limits.read_timeout_s)
-                except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
-                    return  # the client closed, or kept an idle connection too long
-                try:  # headers over MAX_HEAD_BYTES: readuntil raised LimitOverrunError (431)
-                    method, target, headers = _headers(head)
-                    body = await self._body(reader, writer, headers, target)
-                    if upstream is None:
-                        upstream = await self._open_upstream()
-                    try:
-                        response = await self._send(head, body, headers, upstream)
-                    except _UpstreamLost:
-                        # e.g. tritonserver closed the idle kept-alive connection, or restarted:
-                        # nothing of the response came back, so send it once more, fresh
-                        upstream[1].close()
-                        upstream = await self._open_upstream()
-                        try:
-                            response = await self._send(head, body, headers, upstream)
-                        except _UpstreamLost:
-                            raise Refusal(502, "Bad Gateway", "tritonserver closed the connection "
-                                          "without answering", close=True) from None
+                    if end < 0:
+                        self._check_partial_head()
+                        return
+                    if end > MAX_HEAD_BYTES:
+                        raise Refusal(431, "Request Header Fields Too Large",
+                                      f"request headers over {MAX_HEAD_BYTES} bytes")
+                    request = parse_head(bytes(self.buf[:end]))
+                    del self.buf[:end + 4]
+                    self._start_body(request)
                 except Refusal as refusal:
-                    writer.write(_response(refusal.status, refusal.reason, str(refusal),
-                                           refusal.close))
-                    await writer.drain()
+                    self.refuse(refusal)
+                    return
+            if self.state is _State.BODY:
+                need = self.request.length
+                if len(self.buf) < need:
+                    return
+                body = bytes(self.buf[:need]) if need else b""
+                del self.buf[:need]
+                self._release()
+                try:
+                    self._check_body(self.request, body)
+                except Refusal as refusal:
+                    self.refuse(refusal)
                     if refusal.close:
                         return
                     continue  # refused after its body was read: the connection serves on
-                keep = await self._relay(response, method, upstream[0], writer)
-                if not keep or headers.get("connection", "").lower() == "close":
-                    return
-        except asyncio.LimitOverrunError:
-            writer.write(_response(431, "Request Header Fields Too Large",
-                                   f"request headers over {MAX_HEAD_BYTES} bytes", True))
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
-            pass  # either side went away mid-request, or tritonserver answered malformed
-        finally:
-            for w in (writer, upstream[1] if upstream else None):
-                if w is not None:
-                    w.close()
+                self._send(self.request.head(), body)
+            if self.state is _State.WAITING:
+                if len(self.buf) > MAX_HEAD_BYTES and not self.paused:  # pipelined ahead
+                    self.paused = True
+                    self.transport.pause_reading()
+                return
+            if self.state is _State.CLOSING:
+                return
 
-    async def _body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    headers: dict[str, str], target: str) -> bytes:
-        if "transfer-encoding" in headers:
-            raise Refusal(411, "Length Required", "send the request body with a Content-Length "
-                          "(chunked bodies are not accepted)", close=True)
-        raw = headers.get("content-length", "0")
-        if not raw.isdigit():
-            raise Refusal(400, "Bad Request", f"Content-Length {raw[:40]!r} is not a number",
-                          close=True)
-        length = int(raw)
-        if length > self.limits.max_body_bytes:
-            raise Refusal(413, "Content Too Large",
-                          f"request body of {length} bytes is over the limit of "
-                          f"{self.limits.max_body_bytes} bytes", close=True)
-        if length > SMALL_BODY_BYTES and self.buffered + length > self.limits.max_buffered_bytes:
-            raise Refusal(503, "Service Unavailable",
-                          f"the server is reading {self.buffered} bytes of request bodies "
-                          f"already (limit {self.limits.max_buffered_bytes}); retry later",
-                          close=True)
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self.buffered += length
-        try:
-            body = await asyncio.wait_for(reader.readexactly(length), self.limits.read_timeout_s)
-        except asyncio.TimeoutError:
-            raise Refusal(408, "Request Timeout",
-                          f"request body not received within {self.limits.read_timeout_s:g} s",
-                          close=True) from None
-        finally:
-            self.buffered -= length
-        if target.split("?", 1)[0].endswith(_INFER_SUFFIX) and body:
-            split = headers.get("inference-header-content-length", "")
-            header = body[: int(split)] if split.isdigit() else body
-            problem = shape_problem(header, length)
+    def _check_partial_head(self) -> None:
+        """A head not complete yet: refuse what can never become a valid one."""
+        crlf = self.buf.count(b"\r\n")
+        if self.buf.count(b"\n") != crlf or self.buf.count(b"\r") - self.buf.endswith(b"\r") != crlf:
+            raise _bad("a line of the request head ends in a bare LF or CR (only CRLF ends a line)")
+        line_end = self.buf.find(b"\r\n")
+        if (line_end < 0 and len(self.buf) > MAX_REQUEST_LINE_BYTES) or \
+                line_end > MAX_REQUEST_LINE_BYTES:
+            raise Refusal(414, "URI Too Long", f"request line over {MAX_REQUEST_LINE_BYTES} bytes")
+        if len(self.buf) > MAX_HEAD_BYTES:
+            raise Refusal(431, "Request Header Fields Too Large",
+                          f"request headers over {MAX_HEAD_BYTES} bytes")
+
+    def _start_body(self, request: Request) -> None:
+        limits, guard = self.guard.limits, self.guard
+        length = request.length
+        if length > limits.max_body_bytes:
+            raise Refusal(413, "Content Too Large", f"request body of {length} bytes is over the "
+                          f"limit of {limits.max_body_bytes} bytes")
+        if length > SMALL_BODY_BYTES:
+            if guard.buffered + length > limits.max_buffered_bytes:
+                raise Refusal(503, "Service Unavailable",
+                              f"the server is reading {guard.buffered} bytes of request bodies "
+                              f"already (limit {limits.max_buffered_bytes}); retry later")
+            guard.buffered += length
+            self.reserved = length
+        if request.expect_continue and len(self.buf) < length:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.request = request
+        self.state = _State.BODY
+        self.deadline = self.loop.time() + limits.read_timeout_s
+
+    def _check_body(self, request: Request, body: bytes) -> None:
+        if not request.is_infer:
+            return
+        if request.coding is not None:  # tritonserver decodes it whole: bound and check that
+            body = decoded(body, request.coding, self.guard.limits.max_body_bytes)
+        if body:
+            split = request.header_length
+            problem = shape_problem(body if split is None else body[:split], len(body))
             if problem:
-                raise Refusal(400, "Bad Request", problem)
-        return body
-
-    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+                raise Refusal(400, "Bad Request", problem, close=request.close)
+        model = request.model
+        if model is None:
+            return
         try:
-            return await asyncio.open_connection(LOOPBACK, self.upstream_port, limit=MAX_HEAD_BYTES)
-        except OSError as exc:
-            raise Refusal(502, "Bad Gateway", f"tritonserver is not answering on "
-                          f"{LOOPBACK}:{self.upstream_port} ({exc.strerror or exc})",
-                          close=True) from None
+            self.done = self.guard.admission.admit(model)
+        except Overloaded as exc:
+            raise Refusal(503, "Service Unavailable", str(exc), close=request.close,
+                          headers=(("Retry-After", str(max(1, math.ceil(exc.retry_after_s)))),)
+                          ) from None
 
-    @staticmethod
-    async def _send(head: bytes, body: bytes, headers: dict[str, str],
-                    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> bytes:
-        """Send one request upstream; its response head.
+    def _release(self) -> None:
+        self.guard.buffered -= self.reserved
+        self.reserved = 0
 
-        Raises:
-            _UpstreamLost: the connection failed before any of the response came back.
-        """
-        up_reader, up_writer = upstream
-        if "expect" in headers:  # answered here already; the body goes up in one piece
-            head = b"\r\n".join(line for line in head.split(b"\r\n")
-                                if not line.lower().startswith(b"expect:"))
-        try:
-            up_writer.write(head + body)
-            await up_writer.drain()
-            return await up_reader.readuntil(b"\r\n\r\n")
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            raise _UpstreamLost() from exc
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal``; when it closes, half-close and linger so the client reads it."""
+        if self.transport.is_closing():
+            return
+        self.transport.write(_response(refusal))
+        if not (refusal.close or self.eof):
+            self.state = _State.HEAD
+            self.deadline = self.loop.time() + self.guard.limits.read_timeout_s
+            return
+        self.state = _State.CLOSING
+        self.buf.clear()
+        self._release()
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.deadline = self.loop.time() + LINGER_S
 
-    @staticmethod
-    async def _relay(response: bytes, method: str, up_reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> bool:
-        """Pass a response (its ``response`` head read already) back; False when it closes."""
-        status_line, _, _ = response.partition(b"\r\n")
-        _, _, response_headers = _headers(b"RESPONSE - -\r\n" + response.split(b"\r\n", 1)[1])
-        writer.write(response)
-        status = status_line.split(b" ")[1] if status_line.count(b" ") else b""
-        if method == "HEAD" or status in (b"204", b"304"):
-            pass  # no body
-        elif "content-length" in response_headers:
-            writer.write(await up_reader.readexactly(int(response_headers["content-length"])))
-        elif response_headers.get("transfer-encoding", "").lower() == "chunked":
-            while True:
-                size_line = await up_reader.readuntil(b"\r\n")
-                size = int(size_line.split(b";", 1)[0], 16)
-                writer.write(size_line + await up_reader.readexactly(size + 2))
-                if size == 0:
-                    break
+    def timed_out(self) -> None:
+        """Called by the sweeper once ``deadline`` passed."""
+        if self.state is _State.HEAD and not self.buf:
+            self.close()  # an idle kept-alive connection
+        elif self.state in (_State.HEAD, _State.BODY):
+            what = "headers" if self.state is _State.HEAD else "body"
+            self.refuse(Refusal(408, "Request Timeout", f"request {what} not received within "
+                                f"{self.guard.limits.read_timeout_s:g} s"))
+        elif self.state is _State.CLOSING:
+            self.close()
+        else:  # waiting for tritonserver: its own timeouts apply
+            self.deadline = self.loop.time() + self.guard.limits.read_timeout_s
+
+    def close(self) -> None:
+        self.state = _State.CLOSING
+        if self.transport is not None:
+            self.transport.close()
+
+    def _finish(self, status: int) -> None:
+        done, self.done = self.done, None
+        if done is not None:
+            done(status)
+
+    # ---- upstream side
+
+    def _send(self, head: bytes, body: bytes) -> None:
+        self.state = _State.WAITING
+        self.pending = (head, body)
+        if self.upstream is not None and self.upstream.usable:
+            self.upstream.send(head, body)
         else:
-            writer.write(await up_reader.read())
-            await writer.drain()
-            return False
-        await writer.drain()
-        return response_headers.get("connection", "").lower() != "close"
+            self.loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+        self.upstream = None
+        try:
+            _, upstream = await self.loop.create_connection(
+                lambda: _Upstream(self), LOOPBACK, self.guard.upstream_port)
+        except OSError as exc:
+            self._upstream_failed(f"tritonserver is not answering on {LOOPBACK}:"
+                                  f"{self.guard.upstream_port} ({exc.strerror or exc})")
+            return
+        if self.state is not _State.WAITING:  # the client went away meanwhile
+            upstream.close()
+            return
+        self.upstream = upstream
+        upstream.send(*self.pending)
+
+    def _upstream_failed(self, message: str) -> None:
+        self._finish(0)
+        self.refuse(Refusal(502, "Bad Gateway", message))
+
+    def upstream_lost(self, upstream: _Upstream, answered: bool) -> None:
+        """``upstream`` closed; ``answered`` when part of a response had come back."""
+        if upstream is not self.upstream:
+            return
+        self.upstream = None
+        if self.state is not _State.WAITING:
+            return  # idle: the next request opens a fresh connection
+        if answered:
+            self.close()  # mid-response: the client sees the connection end
+        elif not self.retried:
+            # e.g. tritonserver closed the idle kept-alive connection, or restarted: nothing of
+            # the response came back, so send it once more, fresh
+            self.retried = True
+            self.loop.create_task(self._connect())
+        else:
+            self._upstream_failed("tritonserver closed the connection without answering")
+
+    def response_started(self) -> None:
+        self.pending = None
+
+    def response_done(self, status: int, keep_alive: bool) -> None:
+        """The whole response has been relayed."""
+        self._finish(status)
+        self.retried = False
+        if self.request.close or self.eof or not keep_alive:
+            self.close()
+            return
+        self.state = _State.HEAD
+        self.request = None
+        self.deadline = self.loop.time() + self.guard.limits.read_timeout_s
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+        if self.buf:
+            self._advance()
 
 
-class _UpstreamLost(Exception):
-    """The upstream connection failed before any of its response came back."""
+class _Relay(enum.Enum):
+    HEAD = 0
+    LENGTH = 1
+    CHUNK_SIZE = 2
+    CHUNK_DATA = 3
+    TRAILERS = 4
+    UNTIL_CLOSE = 5
+
+
+class _Upstream(asyncio.Protocol):
+    """The connection to tritonserver of one client connection; relays responses as they come."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.relay = _Relay.HEAD
+        self.remaining = 0
+        self.status = 0
+        self.keep_alive = True
+        self.answered = False
+        self.usable = True
+        self._out: list[bytes] = []  # relayed bytes not written yet
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def send(self, head: bytes, body: bytes) -> None:
+        self.answered = False
+        if len(body) <= SMALL_BODY_BYTES:
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.usable = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.usable = False
+        self.client.upstream_lost(self, self.answered)
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        if client.state is not _State.WAITING:
+            self.close()  # bytes nobody asked for
+            return
+        if not self.answered:
+            self.answered = True
+            client.response_started()
+        if not self.buf:  # the common cases: passed on as they came, one write each
+            if self.relay is _Relay.LENGTH and len(data) < self.remaining:
+                self.remaining -= len(data)  # part of a large body
+                client.transport.write(data)
+                return
+            if self.relay is _Relay.HEAD:
+                end = data.find(b"\r\n\r\n")
+                if end >= 0 and self._whole(data, end):
+                    return
+        self.buf += data
+        try:
+            self._relay(self._out.append)
+        except ValueError:  # a response the guard cannot frame: end both connections
+            self._out.clear()
+            self.close()
+            client.close()
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what ``_relay`` gathered, in one write."""
+        if self._out:
+            data = b"".join(self._out)
+            self._out.clear()
+            if not self.client.transport.is_closing():
+                self.client.transport.write(data)
+
+    def _whole(self, data: bytes, end: int) -> bool:
+        """True when ``data`` is one whole response with a ``Content-Length`` body (its head
+        ending at ``end``): relayed in one write."""
+        try:
+            self._frame(data[:end + 4])
+        except ValueError:
+            self.close()
+            self.client.close()
+            return True
+        if self.relay is _Relay.LENGTH and len(data) - end - 4 == self.remaining:
+            self.client.transport.write(data)
+            self.relay, self.remaining = _Relay.HEAD, 0
+            self._done()
+            return True
+        self.relay, self.remaining = _Relay.HEAD, 0  # framed again by _relay
+        return False
+
+    def _relay(self, write: Callable[[bytes], None]) -> None:
+        buf = self.buf
+        while buf:
+            if self.relay is _Relay.HEAD:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(buf) > MAX_HEAD_BYTES:
+                        raise ValueError("response head too large")
+                    return
+                head = bytes(buf[:end + 4])
+                del buf[:end + 4]
+                self._frame(head)
+                write(head)
+                if self.relay is _Relay.HEAD:  # no body (or an interim 1xx response)
+                    if self.status >= 200:
+                        self._done()
+                    continue
+            elif self.relay is _Relay.LENGTH:
+                take = min(self.remaining, len(buf))
+                write(bytes(buf[:take]))
+                del buf[:take]
+                self.remaining -= take
+                if not self.remaining:
+                    self._done()
+            elif self.relay is _Relay.CHUNK_SIZE:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                self.remaining = int(bytes(buf[:end]).split(b";", 1)[0], 16) + 2
+                self.relay = _Relay.CHUNK_DATA if self.remaining > 2 else _Relay.TRAILERS
+                write(bytes(buf[:end + 2]))
+                del buf[:end + 2]
+                if self.relay is _Relay.TRAILERS:
+                    self.remaining = 0
+            elif self.relay is _Relay.CHUNK_DATA:
+                take = min(self.remaining, len(buf))
+                write(bytes(buf[:take]))
+                del buf[:take]
+                self.remaining -= take
+                if not self.remaining:
+                    self.relay = _Relay.CHUNK_SIZE
+            elif self.relay is _Relay.TRAILERS:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                write(bytes(buf[:end + 2]))
+                del buf[:end + 2]
+                if end == 0:
+                    self._done()
+            else:  # until close
+                write(bytes(buf))
+                buf.clear()
+
+    def _frame(self, head: bytes) -> None:
+        """Set how the body of the response with this head ends."""
+        lines = head[:-4].split(b"\r\n")
+        match = _STATUS_LINE.fullmatch(lines[0])
+        if match is None:
+            raise ValueError(f"malformed status line {lines[0][:100]!r}")
+        self.status = int(match.group(1))
+        length, chunked, connection = None, False, b""
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            key, value = name.strip().lower(), value.strip()
+            if key == b"content-length":
+                if length is not None or _DIGITS.fullmatch(value) is None:
+                    raise ValueError("ambiguous Content-Length in the response")
+                length = int(value)
+            elif key == b"transfer-encoding":
+                chunked = value.lower().endswith(b"chunked")
+            elif key == b"connection":
+                connection += b"," + value.lower()
+        self.keep_alive = b"close" not in {t.strip() for t in connection.split(b",")}
+        if self.status < 200 or self.status in (204, 304) or self.client.request.method == b"HEAD":
+            self.relay = _Relay.HEAD
+        elif chunked:
+            self.relay = _Relay.CHUNK_SIZE
+        elif length is not None:
+            self.relay, self.remaining = (_Relay.LENGTH, length) if length else (_Relay.HEAD, 0)
+        else:
+            self.relay, self.keep_alive = _Relay.UNTIL_CLOSE, False
+
+    def _done(self) -> None:
+        self._flush()  # before the client moves on to its next request
+        self.relay = _Relay.HEAD
+        if self.buf:  # more than one response for one request
+            self.buf.clear()
+            self.keep_alive = False
+        if not self.keep_alive:
+            self.close()
+        self.client.response_done(self.status, self.keep_alive)
 
 
 def _alive(pid: int) -> bool:
@@ -282,38 +863,57 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def serve(listen_port: int, upstream_port: int, limits: GuardLimits,
-                watch_pid: int | None = None, listen_address: str = LOOPBACK,
-                drain_s: float = 60.0) -> None:
-    """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT.
+async def run_until_gone(watch_pid: int | None, drain_s: float = 60.0) -> None:
+    """Return once ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT.
 
     With ``watch_pid``, a SIGTERM while it still runs (in a container the whole process group
     gets it) waits up to ``drain_s`` for it to exit: the responses of its drain still pass here.
     """
-    guard = HttpGuard(upstream_port, limits)
-    server = await asyncio.start_server(guard.connection, listen_address, listen_port,
-                                        limit=MAX_HEAD_BYTES, reuse_address=True)
     terminated = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, terminated.set)
+    deadline = None
+    while watch_pid is None or _alive(watch_pid):
+        if not terminated.is_set():
+            try:
+                await asyncio.wait_for(terminated.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            continue
+        if watch_pid is None:
+            return
+        deadline = deadline or loop.time() + drain_s
+        if loop.time() > deadline:
+            return
+        await asyncio.sleep(0.2)
+
+
+def run(main: object, event_loop: str = "auto") -> None:
+    """Run the coroutine ``main`` on uvloop's event loop (``auto``: when importable) or asyncio's."""
+    if event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
+
+
+async def serve(listen_port: int, upstream_port: int, limits: GuardLimits,
+                watch_pid: int | None = None, listen_address: str = LOOPBACK,
+                drain_s: float = 60.0) -> None:
+    """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT
+    (``run_until_gone``)."""
+    guard = HttpGuard(upstream_port, limits)
+    server = await guard.listen(listen_address, listen_port)
     print(f"http guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, bodies up "
           f"to {limits.max_body_bytes} bytes", file=sys.stderr, flush=True)
     async with server:
-        deadline = None
-        while watch_pid is None or _alive(watch_pid):
-            if not terminated.is_set():
-                try:
-                    await asyncio.wait_for(terminated.wait(), 0.5)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            if watch_pid is None:
-                return
-            deadline = deadline or loop.time() + drain_s
-            if loop.time() > deadline:
-                return
-            await asyncio.sleep(0.2)
+        await run_until_gone(watch_pid, drain_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,10 +925,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-buffered-bytes", type=int, default=GuardLimits.max_buffered_bytes)
     parser.add_argument("--read-timeout-s", type=float, default=GuardLimits.read_timeout_s)
     parser.add_argument("--watch-pid", type=int)
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto")
     args = parser.parse_args(argv)
     limits = GuardLimits(args.max_body_bytes, args.max_buffered_bytes, args.read_timeout_s)
-    asyncio.run(serve(args.listen_port, args.upstream_port, limits, args.watch_pid,
-                      args.listen_address))
+    run(serve(args.listen_port, args.upstream_port, limits, args.watch_pid, args.listen_address),
+        args.event_loop)
     return 0
 
 

@@ -1,21 +1,20 @@
 """Run a real tritonserver on a model repository: loopback only, strict configs, clean shutdown.
 
-``EmbeddedServer`` starts, watches and stops the process; its flags, log and health live in
-``server_config``, ``server_log`` and ``health``, its processes in ``tools.process``.
+``EmbeddedServer`` starts, watches and stops the process; its flags and admin policy live in
+``server_config``, its log in ``server_log``, its health and admin calls in ``health`` and
+``model_control`` (``.control``), its guards in ``guards``, its processes in ``tools.process``,
+its ports in ``tools.net``; ``session`` holds a server for the length of one command.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,39 +22,39 @@ from tritonclient.utils import InferenceServerException
 
 from tools import process
 from tools.errors import ServerError, UserInputError
-from tools.serve import health
+from tools.net import LOOPBACK, choose_ports
+from tools.serve import guards, health
 from tools.serve.backend_dir import (
+    backend_directory,
     default_binary,
-    libpython_dir,
-    python_backend_dir,
-    pytriton_server_dir,
-)
-from tools.serve.server_config import (
-    ADMIN_HEADER,
-    HTTP_MAX_INPUT_SIZE,
-    LOOPBACK,
-    RESTRICTED_APIS,
-    Restriction,
-    TritonServerConfig,
-    binary_options,
+    installed_backends,
+    stub_environment,
 )
 from tools.serve.http_guard import GuardLimits
 from tools.serve.model_control import ModelControl, admin_headers
 from tools.serve.model_control import watch as watch_server
-from tools.serve.server_log import failure_causes, loading_models, log_tail, one_line, ports_in_use
+from tools.serve.server_config import (
+    ADMIN_HEADER,
+    HTTP_MAX_INPUT_SIZE,
+    OPEN_ADMIN_ENV,
+    RESTRICTED_APIS,
+    Restriction,
+    TritonServerConfig,
+    for_binary,
+)
+from tools.serve.server_log import failure_causes, log_tail, pending_models, ports_in_use
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
     from typing_extensions import Self
 
 BINARY_ENV = "TRITONSERVER_BINARY"
-# Set to 1 to run a binary that cannot restrict the admin APIs, leaving them open to any caller.
-OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
 # Where the stubs' queue gates read the queue gauges (pipeline_ops.admission.METRICS_URL_ENV;
 # that package must import without `tools`, so the name is written in both).
 METRICS_URL_ENV = "TRITON_FORGE_METRICS_URL"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 _READY_TIMEOUT_S = 2.0
-_TRITON_HTTP = "Triton HTTP"  # tritonserver's HTTP port when a guard holds the public one
+# tritonserver's own ports when a guard holds the public one
+_TRITON_HTTP, _TRITON_GRPC = "Triton HTTP", "Triton GRPC"
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -76,59 +75,6 @@ def resolve_binary(binary: Path | str | None = None) -> Path:
     return path
 
 
-def port_in_use(port: int, host: str = LOOPBACK) -> bool:
-    """True when ``host:port`` cannot be bound (some process listens there)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports on 127.0.0.1 that were free a moment ago (bound together)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def stub_environment(
-    base: Mapping[str, str] | None = None, *, libpython: bool = True
-) -> dict[str, str]:
-    """An environment for a server whose Python-backend stubs run this interpreter's packages.
-
-    Args:
-        base: The environment to extend; defaults to this process's.
-        libpython: Also put this interpreter's LIBDIR first on ``LD_LIBRARY_PATH`` (the wheel's
-            stub loads ``libpython3.X.so.1.0``; an installed server's own stub does not).
-
-    Returns:
-        ``base`` with this virtual environment's ``bin`` first on ``PATH`` (the stub imports
-        packages through the interpreter found there).
-
-    Raises:
-        ServerError: ``libpython`` and this interpreter's library is not in its LIBDIR.
-    """
-    env = dict(os.environ if base is None else base)
-    env["PATH"] = os.pathsep.join(
-        p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p
-    )
-    if libpython:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(libpython_dir()), env.get("LD_LIBRARY_PATH", "")) if p
-        )
-    return env
-
-
 class EmbeddedServer:
     """A tritonserver process serving one model repository on 127.0.0.1.
 
@@ -146,7 +92,9 @@ class EmbeddedServer:
 
     HTTP request size: binaries that have ``--http-max-input-size`` (Triton 25.x+) get
     ``max_body_bytes`` (docker-compose.yml's 16 MiB); the 2.51 binary of the nvidia-pytriton
-    wheel lacks the option and reads any body whole: ``http_guard`` bounds it in front.
+    wheel lacks the option and reads any body whole: ``http_guard`` bounds it in front. No
+    Triton has a gRPC message-size flag (``grpc_server.cc`` takes INT32_MAX): ``grpc_guard``
+    bounds it in front. Guards are ``tools.serve.guards`` children of their own.
 
     Args:
         model_repository: The repository folder (one sub-folder per model).
@@ -167,6 +115,9 @@ class EmbeddedServer:
             tritonserver's own HTTP endpoint on a free loopback port behind it (``tools serve``
             does for a binary without ``--http-max-input-size``).
         max_body_bytes: ``--http-max-input-size`` for a binary that has it.
+        grpc_guard: Put ``tools.serve.grpc_guard`` on the gRPC port, refusing messages over this
+            many bytes (``RESOURCE_EXHAUSTED``), and tritonserver's own gRPC endpoint on a free
+            loopback port behind it.
 
     Attributes:
         model_repository: The repository served.
@@ -189,14 +140,17 @@ class EmbeddedServer:
         allow_open_admin_apis: bool | None = None,
         http_guard: GuardLimits | None = None,
         max_body_bytes: int = HTTP_MAX_INPUT_SIZE,
+        grpc_guard: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository)
         self._requested_ports = {"HTTP": http_port, "GRPC": grpc_port, "Metrics": metrics_port}
-        self.http_guard = http_guard
+        self.http_guard, self.grpc_guard = http_guard, grpc_guard
         self.max_body_bytes = max_body_bytes
         if http_guard is not None:
             self._requested_ports[_TRITON_HTTP] = 0  # tritonserver's own, behind the guard
-        self._guard: subprocess.Popen | None = None
+        if grpc_guard is not None:
+            self._requested_ports[_TRITON_GRPC] = 0
+        self._guards = guards.Guards()
         self._ports: dict[str, int] = {}
         self._binary = binary
         self.log_path = Path(log_path) if log_path is not None else _default_log_path()
@@ -225,8 +179,13 @@ class EmbeddedServer:
         return f"{LOOPBACK}:{self._port(_TRITON_HTTP if self.http_guard else 'HTTP')}"
 
     @property
+    def triton_grpc_url(self) -> str:
+        """``127.0.0.1:PORT`` of tritonserver's own gRPC endpoint (behind the guard, if any)."""
+        return f"{LOOPBACK}:{self._port(_TRITON_GRPC if self.grpc_guard else 'GRPC')}"
+
+    @property
     def grpc_url(self) -> str:
-        """``127.0.0.1:PORT`` of the gRPC endpoint."""
+        """``127.0.0.1:PORT`` of the gRPC endpoint; with ``grpc_guard``, the guard's."""
         return f"{LOOPBACK}:{self._port('GRPC')}"
 
     @property
@@ -266,95 +225,39 @@ class EmbeddedServer:
 
     @property
     def control(self) -> ModelControl:
-        """Its stubs and the admin calls of per-model recovery (``tools.serve.model_control``)."""
+        """Its stubs, repository index, model loads and unloads, and health checks
+        (``tools.serve.model_control``); ``control.health(server.models)`` checks the models
+        ready at start."""
         return ModelControl(self.triton_http_url, ADMIN_HEADER, self._admin_token, self.pid,
                             f" (server log: {self.log_path})")
 
-    def stub_processes(self) -> dict[str, int]:
-        """Python-backend stubs of this server: model instance name (``<model>_0_0``) -> pid."""
-        return process.stub_processes(self.pid) if self.pid is not None else {}
-
-    def repository_index(self) -> list[dict[str, Any]]:
-        """Triton's ``/v2/repository/index`` (``ModelControl.repository_index``)."""
-        return self.control.repository_index()
-
-    def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
-        """Load ``model`` again, building new instances (``ModelControl.load_model``)."""
-        self.control.load_model(model, timeout_s=timeout_s)
-
-    def unload_model(
-        self, model: str, *, unload_dependents: bool = True, timeout_s: float = 30.0
-    ) -> None:
-        """Unload ``model``, and by default the ensembles that use it (``ModelControl.unload_model``)."""
-        self.control.unload_model(model, unload_dependents=unload_dependents, timeout_s=timeout_s)
-
-    def health(
-        self,
-        probes: Mapping[str, health.Request] | None = None,
-        *,
-        synthetic: bool = False,
-        skip: Iterable[str] = (),
-    ) -> health.HealthReport:
-        """``health.check`` of the models ready at start, leaving out ``skip`` and the models
-        unloaded with them (``ModelControl.health``)."""
-        return self.control.health(self.models, probes, synthetic=synthetic, skip=skip)
-
     # ---- command line
-
-    def _installed_backends(self) -> Path | None:
-        """``../backends`` of an installed server such as the NGC image's ``/opt/tritonserver``
-        (its Python backend brings its own stub); None for the wheel's binary."""
-        home = self.binary.resolve().parent.parent
-        own = home / "backends"
-        if home != pytriton_server_dir().resolve() and (own / "python").is_dir():
-            return own
-        return None
 
     def backend_directory(self) -> Path:
         """The ``--backend-directory``: an installed server's own, else the project cache one."""
-        return self._installed_backends() or python_backend_dir()
+        return backend_directory(self.binary)
 
     def config(self) -> TritonServerConfig:
         """The flags ``start`` runs tritonserver with (choosing free ports if not yet done),
-        adapted to the options the binary lists.
+        adapted to the options the binary lists (``server_config.for_binary``).
 
         Raises:
             ServerError: the binary cannot restrict the admin APIs and the caller did not opt out.
         """
         self._choose_ports(keep=True)
         binary = self.binary
-        options = binary_options(binary)
-        grpc_flag = next(
-            (f for f in ("--grpc-restricted-protocol", "--grpc-restricted-api") if f in options),
-            None,
-        )
-        http_restricted = "--http-restricted-api" in options
-        missing = [
-            flag
-            for flag, present in (
-                ("--http-restricted-api", http_restricted),
-                ("--grpc-restricted-protocol", grpc_flag is not None),
-            )
-            if not present
-        ]
-        if missing and not self.allow_open_admin_apis:
-            raise ServerError(
-                f"tritonserver {binary} has no {' / '.join(missing)}, so its admin APIs "
-                f"({', '.join(RESTRICTED_APIS)}) would be open to any caller; use a Triton that "
-                f"has it, or accept open admin APIs with `tools serve --allow-open-admin-apis` "
-                f"or {OPEN_ADMIN_ENV}=1"
-            )
-        # The key is visible in /proc/<pid>/cmdline: see the class docstring.
-        restriction = Restriction(RESTRICTED_APIS, ADMIN_HEADER, self._admin_token)
-        # No config auto-completion: every config.pbtxt must be complete, as built.
-        switch = "--disable-auto-complete-config" in options
-        return TritonServerConfig(
+        return for_binary(
+            binary,
+            # The key is visible in /proc/<pid>/cmdline: see the class docstring.
+            Restriction(RESTRICTED_APIS, ADMIN_HEADER, self._admin_token),
+            allow_open_admin_apis=self.allow_open_admin_apis,
+            http_max_input_size=self.max_body_bytes,
             model_repository=str(self.model_repository.resolve()),
             backend_directory=str(self.backend_directory()),
             http_address=LOOPBACK,
             http_port=self._port(_TRITON_HTTP if self.http_guard else "HTTP"),
             grpc_address=LOOPBACK,
-            grpc_port=self._port("GRPC"),
+            grpc_port=self._port(_TRITON_GRPC if self.grpc_guard else "GRPC"),
             metrics_address=LOOPBACK,
             metrics_port=self._port("Metrics"),
             # Explicit control with every model loaded at start: the supervisor (and only it,
@@ -364,15 +267,6 @@ class EmbeddedServer:
             strict_readiness=True,
             exit_on_error=True,
             exit_timeout_secs=self.exit_timeout_s,
-            disable_auto_complete_config=switch,
-            strict_model_config=None if switch else True,
-            # Triton 25.x+; absent from 2.51
-            http_max_input_size=self.max_body_bytes if "--http-max-input-size" in options else None,
-            http_restricted_api=restriction if http_restricted else None,
-            grpc_restricted_protocol=restriction
-            if grpc_flag == "--grpc-restricted-protocol"
-            else None,
-            grpc_restricted_api=restriction if grpc_flag == "--grpc-restricted-api" else None,
         )
 
     def command(self) -> list[str]:
@@ -383,35 +277,16 @@ class EmbeddedServer:
         """The server's environment: this venv's ``bin`` first on ``PATH`` (the stub imports
         packages through it), this interpreter's LIBDIR first on ``LD_LIBRARY_PATH``, and the
         metrics address for the stubs' queue gates (``pipeline_ops.admission``)."""
-        env = stub_environment(libpython=self._installed_backends() is None)
+        env = stub_environment(libpython=installed_backends(self.binary) is None)
         if "Metrics" in self._ports:  # the tokenizer's queue gate reads the queue gauges here
             env[METRICS_URL_ENV] = f"{LOOPBACK}:{self._ports['Metrics']}"
         return env
 
     # ---- lifecycle
 
-    def _check_repository(self) -> None:
-        repo = self.model_repository
-        if not repo.is_dir():
-            what = "is not a folder" if repo.exists() else "does not exist"
-            raise UserInputError(
-                f"model repository {repo} {what} (build one with `tools build-repo`)"
-            )
-        if not any(p.is_dir() for p in repo.iterdir()):
-            raise UserInputError(f"model repository {repo} holds no model folder")
-
     def _choose_ports(self, *, keep: bool) -> None:
-        if keep and self._ports:
-            return  # a restarted server keeps the ports its clients know
-        for kind, port in self._requested_ports.items():
-            if port and port_in_use(port):
-                raise ServerError(
-                    f"port {port} ({kind}) is already in use on {LOOPBACK}; "
-                    f"choose another --{kind.lower()}-port, or 0 for a free one"
-                )
-        auto = [k for k, p in self._requested_ports.items() if not p]
-        chosen = dict(zip(auto, free_ports(len(auto))))
-        self._ports = {k: p or chosen[k] for k, p in self._requested_ports.items()}
+        if not (keep and self._ports):  # a restarted server keeps the ports its clients know
+            self._ports = choose_ports(self._requested_ports)
 
     def start(self, timeout_s: float = 120) -> EmbeddedServer:
         """Start tritonserver and wait until it and every model in the repository are ready.
@@ -430,7 +305,7 @@ class EmbeddedServer:
         """
         if self._proc is not None and self._proc.poll() is None:
             return self
-        self._check_repository()
+        check_repository(self.model_repository)
         for attempt in range(3):
             self._choose_ports(keep=attempt == 0)
             try:
@@ -460,54 +335,31 @@ class EmbeddedServer:
                 f"{pending} (server log: {self.log_path})"
             )
         self._shm_regions = process.stub_shm_regions(self._proc.pid)
-        if self.http_guard is not None:
-            self._start_guard(self.http_guard)
+        self._start_guards()
         return self
 
-    def _start_guard(self, limits: GuardLimits, timeout_s: float = 10.0) -> None:
-        """Start ``tools.serve.http_guard`` on the public HTTP port, in a session of its own (it
-        outlives a ``detach``, and ends by itself once tritonserver is gone)."""
-        cmd = [sys.executable, "-m", "tools.serve.http_guard",
-               "--listen-port", str(self._port("HTTP")),
-               "--upstream-port", str(self._port(_TRITON_HTTP)),
-               "--max-body-bytes", str(limits.max_body_bytes),
-               "--max-buffered-bytes", str(limits.max_buffered_bytes),
-               "--read-timeout-s", str(limits.read_timeout_s),
-               "--watch-pid", str(self._proc.pid)]
-        with open(self.log_path, "ab") as log:
-            self._guard = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                           start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._guard.poll() is not None:
-                break
-            try:
-                socket.create_connection((LOOPBACK, self._port("HTTP")), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise ServerError(f"the HTTP guard did not listen on {self.http_url} within "
-                          f"{timeout_s:g} s (server log: {self.log_path})")
-
-    def _stop_guard(self) -> None:
-        if self._guard is None:
-            return
-        if self._guard.poll() is None:
-            self._guard.terminate()
-            try:
-                self._guard.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._guard.kill()
-                self._guard.wait(timeout=5)
-        self._guard = None
+    def _start_guards(self) -> None:
+        """Start the guards on the public ports, each in a session of its own (they outlive a
+        ``detach``, and end by themselves once tritonserver is gone)."""
+        pid, wanted = self._proc.pid, []
+        if self.http_guard is not None:
+            wanted.append(guards.http_guard(self.http_guard, self._port("HTTP"),
+                                            self._port(_TRITON_HTTP), pid))
+        if self.grpc_guard is not None:
+            wanted.append(guards.grpc_guard(self.grpc_guard, self._port("GRPC"),
+                                            self._port(_TRITON_GRPC), pid))
+        try:
+            self._guards.start(wanted, self.log_path)
+        except ServerError:
+            self.stop()
+            raise
 
     def _ready(self) -> bool:
         try:
             with health.client(self.triton_http_url, _READY_TIMEOUT_S) as triton:
                 if not triton.is_server_ready():
                     return False
-            index = self.repository_index()
+            index = self.control.repository_index()
         except (OSError, ServerError, InferenceServerException):
             return False
         if any(entry.get("state") != "READY" for entry in index):
@@ -517,20 +369,10 @@ class EmbeddedServer:
 
     def _pending_models(self) -> str:
         try:
-            index = self.repository_index()
+            index = self.control.repository_index()
         except ServerError:
-            # tritonserver opens its endpoints only after loading every model
-            loading = loading_models(self.log_path.read_text(errors="replace"))
-            if loading:
-                return "still loading " + ", ".join(f"'{name}'" for name in loading)
-            return "the server does not answer"
-        pending = [
-            f"'{e['name']}' {e.get('state', 'UNKNOWN')}"
-            + (f" ({one_line(e['reason'])})" if e.get("reason") else "")
-            for e in index
-            if e.get("state") != "READY"
-        ]
-        return "models not ready: " + ", ".join(pending) if pending else "server not ready"
+            index = None
+        return pending_models(index, self.log_path.read_text(errors="replace"))
 
     def _startup_error(self, code: int) -> ServerError:
         causes = failure_causes(self.log_path.read_text(errors="replace"))
@@ -556,10 +398,11 @@ class EmbeddedServer:
             ServerError: tritonserver itself exited.
         """
         options["probes"] = options.get("probes") or None
-        end = watch_server(self.control, self._poll_with_guard, self.models, stubs, **options)
+        end = watch_server(self.control, self._poll_with_guards, self.models, stubs, **options)
         if end.exit_code is not None:
-            if self.poll() is None:
-                raise ServerError(f"the HTTP guard in front of tritonserver exited (exit code "
+            exited = self._guards.exited()
+            if self.poll() is None and exited is not None:
+                raise ServerError(f"{exited.name} in front of tritonserver exited (exit code "
                                   f"{end.exit_code}) (server log: {self.log_path})")
             raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
                               f"(server log: {self.log_path})")
@@ -567,15 +410,13 @@ class EmbeddedServer:
 
     @property
     def guard_running(self) -> bool:
-        """False when this server has an HTTP guard and it is not running."""
-        return self.http_guard is None or (self._guard is not None and self._guard.poll() is None)
+        """False when a guard of this server is not running."""
+        return self._guards.running
 
-    def _poll_with_guard(self) -> int | None:
-        """tritonserver's exit code, else the guard's once it has exited, else None."""
-        code = self.poll()
-        if code is None and self._guard is not None:
-            return self._guard.poll()
-        return code
+    def _poll_with_guards(self) -> int | None:
+        """tritonserver's exit code, else that of a guard that has exited, else None."""
+        code, exited = self.poll(), self._guards.exited()
+        return exited.poll() if code is None and exited is not None else code
 
     def stop(self) -> None:
         """Stop the server: in-flight requests get ``exit_timeout_s`` to finish, then SIGKILL
@@ -596,7 +437,7 @@ class EmbeddedServer:
             survivors = process.stop(self._proc, self.exit_timeout_s + STOP_GRACE_S)
         finally:
             self._forget_finalizer()
-            self._stop_guard()
+            self._guards.stop()
         if survivors:
             raise ServerError(
                 f"processes {survivors} of tritonserver group {self._proc.pid} survived SIGKILL"
@@ -618,9 +459,7 @@ class EmbeddedServer:
         pid = self._proc.pid
         # forget the children so Popen.__del__ does not warn; init reaps them later
         self._proc.returncode = 0
-        if self._guard is not None:
-            self._guard.returncode = 0
-            self._guard = None
+        self._guards.detach()
         return pid
 
     def __enter__(self) -> Self:
@@ -634,37 +473,13 @@ class EmbeddedServer:
         return f"EmbeddedServer({str(self.model_repository)!r}, {where}, pid={self.pid})"
 
 
-@contextlib.contextmanager
-def endpoints(
-    repository: Path | None, url: str | None, grpc_url: str | None, log_path: Path,
-    say: Callable[[str], None],
-) -> Iterator[tuple[str | None, str | None]]:
-    """``(http, grpc)`` of the running server given by ``url``/``grpc_url``, or of an embedded
-    server started on ``repository`` for the block (when ``repository`` is given)."""
-    if repository is None:
-        yield url, grpc_url
-        return
-    with started_server(repository, log_path, say) as server:
-        yield server.http_url, server.grpc_url
-
-
-@contextlib.contextmanager
-def started_server(
-    repository: Path, log_path: Path, say: Callable[[str], None], timeout_s: float = 300
-) -> Iterator[EmbeddedServer]:
-    """An embedded server on ``repository`` (free ports), ready, stopped on leaving the block.
-
-    For the commands that measure against their own server (``tools loadtest``, ``tools bench``);
-    ``say`` reports start and readiness (e.g. ``click.echo`` to stderr).
-    """
-    server = EmbeddedServer(Path(repository), log_path=log_path, exit_timeout_s=10)
-    say(f"starting the embedded tritonserver on {repository} ...")
-    server.start(timeout_s=timeout_s)
-    say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
-    try:
-        yield server
-    finally:
-        server.stop()
+def check_repository(repo: Path) -> None:
+    """Raises ``UserInputError`` unless ``repo`` is a folder holding a model folder."""
+    if not repo.is_dir():
+        what = "is not a folder" if repo.exists() else "does not exist"
+        raise UserInputError(f"model repository {repo} {what} (build one with `tools build-repo`)")
+    if not any(p.is_dir() for p in repo.iterdir()):
+        raise UserInputError(f"model repository {repo} holds no model folder")
 
 
 def _default_log_path() -> Path:

@@ -1,7 +1,8 @@
 """tritonserver's command-line flags as data: one dataclass field per flag this project uses.
 
 ``TritonServerConfig`` renders the embedded server's command line and parses the compose service's
-(an unknown flag is an error), so tests can compare the two field by field.
+(an unknown flag is an error), so tests can compare the two field by field; ``for_binary`` adapts
+it to the flags a binary lists and applies the admin-API policy.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ LOOPBACK = "127.0.0.1"
 # statistics stay open.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 ADMIN_HEADER = "triton-forge-admin"
+# Set to 1 to run a binary that cannot restrict the admin APIs, leaving them open to any caller.
+OPEN_ADMIN_ENV = "TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS"
 # Same bound as docker-compose.yml's --http-max-input-size; passed only to binaries that have it.
 HTTP_MAX_INPUT_SIZE = 16 * 1024 * 1024
 
@@ -181,3 +184,50 @@ def binary_options(binary: Path) -> frozenset[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ServerError(f"cannot run {binary} --help: {exc}") from exc
     return frozenset(re.findall(r"^\s*(--[a-z0-9-]+)", out.stdout + out.stderr, re.MULTILINE))
+
+
+def for_binary(
+    binary: Path,
+    restriction: Restriction,
+    *,
+    allow_open_admin_apis: bool,
+    http_max_input_size: int,
+    **fields: object,
+) -> TritonServerConfig:
+    """``TritonServerConfig(**fields)`` plus the flags that depend on what ``binary`` lists.
+
+    The admin APIs are closed with ``restriction`` (``--http-restricted-api`` and
+    ``--grpc-restricted-protocol``, or the ``--grpc-restricted-api`` spelling some builds list);
+    configs are never auto-completed (``--disable-auto-complete-config``, else the deprecated
+    ``--strict-model-config=true``); ``--http-max-input-size`` is passed where it exists
+    (Triton 25.x+, not 2.51).
+
+    Raises:
+        ServerError: the binary cannot restrict the admin APIs and ``allow_open_admin_apis`` is
+            False.
+    """
+    options = binary_options(binary)
+    grpc_flag = next(
+        (f for f in ("--grpc-restricted-protocol", "--grpc-restricted-api") if f in options), None
+    )
+    http_restricted = "--http-restricted-api" in options
+    missing = [flag for flag, present in (("--http-restricted-api", http_restricted),
+                                          ("--grpc-restricted-protocol", grpc_flag is not None))
+               if not present]
+    if missing and not allow_open_admin_apis:
+        raise ServerError(
+            f"tritonserver {binary} has no {' / '.join(missing)}, so its admin APIs "
+            f"({', '.join(RESTRICTED_APIS)}) would be open to any caller; use a Triton that "
+            f"has it, or accept open admin APIs with `tools serve --allow-open-admin-apis` "
+            f"or {OPEN_ADMIN_ENV}=1"
+        )
+    switch = "--disable-auto-complete-config" in options
+    return TritonServerConfig(
+        **fields,
+        disable_auto_complete_config=switch,
+        strict_model_config=None if switch else True,
+        http_max_input_size=http_max_input_size if "--http-max-input-size" in options else None,
+        http_restricted_api=restriction if http_restricted else None,
+        grpc_restricted_protocol=restriction if grpc_flag == "--grpc-restricted-protocol" else None,
+        grpc_restricted_api=restriction if grpc_flag == "--grpc-restricted-api" else None,
+    )

@@ -1,4 +1,5 @@
-"""Read tritonserver's log: why it failed to start, and which models are still loading.
+"""Read tritonserver's log: why it failed to start, and which models are still loading (or, from
+the repository index, not ready).
 
 Every cause comes out as one line naming the port, the model and Triton's own reason.
 """
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tools.serve.trt_guard import explain_engine_failure
 
@@ -133,3 +136,21 @@ _CAUSE_PORT = re.compile(r"^port (\d+) .* already in use")
 def ports_in_use(causes: list[str]) -> set[int]:
     """The ports that ``failure_causes`` reported as already in use."""
     return {int(m.group(1)) for cause in causes if (m := _CAUSE_PORT.match(cause))}
+
+
+def pending_models(index: Sequence[Mapping[str, Any]] | None, log_text: str) -> str:
+    """Why a server is not ready yet, for a timeout message: its models not ready (from the
+    repository ``index``) or, when it does not answer (``index`` None), those the log shows
+    still loading (tritonserver opens its endpoints only after loading every model)."""
+    if index is None:
+        loading = loading_models(log_text)
+        if loading:
+            return "still loading " + ", ".join(f"'{name}'" for name in loading)
+        return "the server does not answer"
+    pending = [
+        f"'{e['name']}' {e.get('state', 'UNKNOWN')}"
+        + (f" ({one_line(e['reason'])})" if e.get("reason") else "")
+        for e in index
+        if e.get("state") != "READY"
+    ]
+    return "models not ready: " + ", ".join(pending) if pending else "server not ready"

@@ -2,7 +2,7 @@
 
 Runs before tritonserver starts (docker/triton-entrypoint.sh): compares each plan's build record
 in the manifest with the TensorRT library and the GPUs of the running environment. Standard
-library only (it reads the manifest through ``tools.build_repo.manifest``, also standard library
+library only (it reads the manifest through ``tools.manifest``, also standard library
 only), because it runs inside the NGC image where this project is not installed.
 """
 
@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.build_repo.manifest import MANIFEST_NAME, Manifest, ManifestError
+from tools.tensorrt_module import import_tensorrt_module
+from tools.manifest import MANIFEST_NAME, Manifest, ManifestError, Stage, StageStatus
 from tools.errors import TensorRTError
 
 # Plans come only from the gpu target, which docker-compose.gpu.yml builds into the folder its
@@ -31,6 +32,9 @@ _BUILD = (f"{_COMPOSE_GPU} run --rm builder tools build-repo --target gpu --spec
           f"--output {GPU_REPOSITORY} --force")
 # --force: the spec did not change, so without it every model would be skipped as unchanged.
 REBUILD_ALL = _BUILD
+# A plan skipped for want of a GPU: the builder of the gpu override (GPU reserved) builds it; the
+# skipped build's key had no device, so no --force is needed.
+BUILD_WITH_GPU = f"{_COMPOSE_GPU} run --rm builder"
 _REBUILD_ONE = f"{_BUILD} --only {{model}}"
 
 # Where the NGC images and the TensorRT tarball put libnvinfer; LD_LIBRARY_PATH is searched first.
@@ -148,6 +152,14 @@ def read_plan_records(repository: Path) -> list[PlanRecord]:
             )
         )
     missing = sorted(set(trt_configs) - {r.model for r in records})
+    skipped = {name: why for name in missing if (why := skipped_plan_reason(manifest, name))}
+    if skipped:
+        lines = [f"model '{name}': {why}" for name, why in skipped.items()]
+        raise TensorRTError(
+            f"{manifest_path}: {len(skipped)} TensorRT model(s) have no plan because the build "
+            f"skipped it:\n  " + "\n  ".join(lines) + "\n  The same build here would skip them "
+            f"again: build the gpu target where the builder sees a GPU: `{BUILD_WITH_GPU}`"
+        )
     if missing:
         raise TensorRTError(
             f"{manifest_path}: models {', '.join(missing)} use TensorRT but have no 'tensorrt' "
@@ -155,6 +167,16 @@ def read_plan_records(repository: Path) -> list[PlanRecord]:
             f"Rebuild: `{REBUILD_ALL}`"
         )
     return records
+
+
+def skipped_plan_reason(manifest: Manifest, model: str) -> str | None:
+    """Why the build skipped ``model``'s plan, from its manifest entry; None if it did not."""
+    entry = manifest.models.get(model)
+    stage = entry.stages.get(Stage.ONNX2TRT) if entry is not None else None
+    if stage is None or stage.status is not StageStatus.SKIPPED:
+        return None
+    built = f", built {entry.built_at}" if entry.built_at else ""
+    return f"onnx2trt skipped: {stage.reason or 'no reason recorded'}{built}"
 
 
 # --- Triton's own words for a plan it cannot load ---------------------------------------------
@@ -222,12 +244,36 @@ def tensorrt_version_from_library(directories: Iterable[str]) -> tuple[str | Non
 
 
 def tensorrt_version_from_module() -> tuple[str | None, str]:
-    """TensorRT version of the ``tensorrt`` Python module, if it is installed."""
-    try:
-        import tensorrt  # type: ignore[import-not-found]
-    except ImportError:
-        return None, "no tensorrt Python module"
-    return str(tensorrt.__version__), f"tensorrt Python module {tensorrt.__file__}"
+    """TensorRT version of the TensorRT Python module, if one is installed."""
+    module, note = import_tensorrt_module()
+    if module is None:
+        return None, note
+    return str(module.__version__), f"{note} Python module {module.__file__}"
+
+
+def builder_requirements(tensorrt_version: str, cuda_version: str) -> list[str]:
+    """The pip requirements that give the builder image this image's TensorRT in Python.
+
+    Only the bindings wheel (``tensorrt-cuXX-bindings``, binary wheels on PyPI, no dependencies):
+    it loads the image's own ``libnvinfer``, so a plan is built by the very library tritonserver
+    loads it with. The full ``tensorrt-cuXX`` wheels would bring a second TensorRT, and those for
+    CUDA 13 released before November 2025 depend on ``nvidia-cuda-runtime-cu13``, a stub that
+    refuses to install. ``.*`` also matches a ``.postN`` rebuild of the same release.
+    cuda-python of the same CUDA major gives the parity check its device memory.
+
+    Args:
+        tensorrt_version: ``major.minor.patch`` of the image's libnvinfer (``detect_runtime``).
+        cuda_version: the image's ``$CUDA_VERSION`` (``13.0.0.044``).
+
+    Raises:
+        TensorRTError: a version that is not ``major.minor.patch``, or no CUDA major.
+    """
+    major, minor, patch = _version_key(tensorrt_version, "the image's TensorRT")
+    cuda_major = cuda_version.strip().split(".")[0]
+    if not cuda_major.isdigit():
+        raise TensorRTError(f"CUDA_VERSION {cuda_version!r} does not start with a major version")
+    return [f"tensorrt-cu{cuda_major}-bindings=={major}.{minor}.{patch}.*",
+            f"cuda-python=={cuda_major}.*"]
 
 
 def compute_capabilities_from_nvidia_smi(
@@ -277,6 +323,25 @@ def detect_runtime() -> Runtime:
         source = source if version else "; ".join(notes)
     caps, gpu_source = compute_capabilities_from_nvidia_smi()
     return Runtime(version, source, caps, gpu_source)
+
+
+def check_module(runtime: Runtime) -> str:
+    """Say which TensorRT Python module builds plans here, if it is the library's version.
+
+    Raises:
+        TensorRTError: no module imports, or its version differs from the library's.
+    """
+    module_version, source = tensorrt_version_from_module()
+    if module_version is None:
+        raise TensorRTError(source)
+    if runtime.tensorrt_version is not None and _version_key(
+            module_version, source) != _version_key(runtime.tensorrt_version, runtime.tensorrt_source):
+        raise TensorRTError(
+            f"the TensorRT Python module is {module_version} ({source}) but the library is "
+            f"{runtime.tensorrt_version} ({runtime.tensorrt_source}): plans built here would not "
+            f"load in this server"
+        )
+    return f"TensorRT Python module {module_version} ({source}) matches {runtime.tensorrt_source}"
 
 
 # --- the check --------------------------------------------------------------------------------
@@ -347,9 +412,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, help="model repository")
     parser.add_argument("--print-runtime", action="store_true",
                         help="print the detected TensorRT version and GPUs, then exit")
+    parser.add_argument("--builder-requirements", action="store_true",
+                        help="print the pip requirements of this image's TensorRT Python module "
+                             "(docker/triton.Dockerfile), one per line, then exit")
+    parser.add_argument("--check-module", action="store_true",
+                        help="exit 1 unless the TensorRT Python module imports and is the "
+                             "version of the TensorRT library found here")
     args = parser.parse_args(argv)
+    if args.check_module:
+        try:
+            print(f"trt_guard: {check_module(detect_runtime())}")
+        except TensorRTError as exc:
+            print(f"trt_guard: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.print_runtime:
         print(json.dumps(detect_runtime().__dict__, indent=2))
+        return 0
+    if args.builder_requirements:
+        runtime = detect_runtime()
+        try:
+            if runtime.tensorrt_version is None:
+                raise TensorRTError(f"no TensorRT library found ({runtime.tensorrt_source})")
+            print("\n".join(builder_requirements(runtime.tensorrt_version,
+                                                 os.environ.get("CUDA_VERSION", ""))))
+        except TensorRTError as exc:
+            print(f"trt_guard: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.repository is None:
         parser.error("--repository is required")

@@ -1,13 +1,14 @@
 """The knobs of a pipeline's models, their ladders of values, and the cores constraint.
 
 ``Settings`` (model -> ``ModelKnobs``) is what a trial changes; it is read from the spec, moved one
-step along one knob at a time by the search, and written back into the spec's YAML by ``spec_text``.
+step along one knob at a time by the search, and written back into the spec's YAML by ``spec_patch``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -89,19 +90,63 @@ def settings_from_dict(data: Mapping[str, Mapping[str, object]]) -> Settings:
 
 
 def pipeline_models(spec: RepoSpec, scenario: str) -> list[ModelSpec | PythonModelSpec]:
-    """The models the pipeline ``scenario`` runs, in step order.
+    """The models a trial of ``scenario`` changes: a pipeline's models in step order, or the
+    model itself.
 
     Raises:
-        UserInputError: the spec has no pipeline of that name.
+        UserInputError: the spec's target has no pipeline or model of that name.
     """
-    pipelines = {p.name: p for p in spec.pipelines}
+    own = spec.for_target(spec.target)
+    pipelines = {p.name: p for p in own.pipelines}
+    models = {m.name: m for m in (*own.models, *own.python_models)}
     pipeline: PipelineSpec | None = pipelines.get(scenario)
-    if pipeline is None:
-        raise UserInputError(
-            f"--scenario {scenario}: {spec.path} has no pipeline of that name "
-            f"(has: {', '.join(sorted(pipelines)) or 'none'})"
-        )
-    return [spec.find(step.model) for step in pipeline.steps]
+    if pipeline is not None:
+        return [spec.find(step.model) for step in pipeline.steps]
+    if scenario in models:
+        return [models[scenario]]
+    raise UserInputError(
+        f"--scenario {scenario}: {spec.path} has no pipeline or model of that name for target "
+        f"{spec.target} (has: {', '.join([*pipelines, *models]) or 'none'})"
+    )
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The cores the instances x threads ladder may use, and where the number came from.
+
+    Attributes:
+        host: Cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count``).
+        spec: The spec's ``cpu_cores``.
+        source: How ``host`` was read.
+    """
+
+    host: int
+    spec: int
+    source: str
+
+    @property
+    def bound(self) -> int:
+        """What bounds the ladder: the host's cores (trials run, and are measured, here)."""
+        return self.host
+
+    def describe(self) -> str:
+        """Which count bounds the ladder, in words."""
+        if self.host == self.spec:
+            return f"{self.host} cores (this host, {self.source}; the spec's cpu_cores agrees)"
+        return (f"{self.host} cores of this host ({self.source}), not the spec's cpu_cores "
+                f"{self.spec}: trials run here")
+
+    def to_dict(self) -> dict[str, object]:
+        """For the results file."""
+        return {"host": self.host, "spec": self.spec, "bound": self.bound, "source": self.source}
+
+
+def host_cores(spec_cores: int) -> Cores:
+    """The host's usable cores beside the spec's ``cpu_cores``."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return Cores(len(affinity(0)), spec_cores, "os.sched_getaffinity")
+    return Cores(os.cpu_count() or 1, spec_cores, "os.cpu_count")
 
 
 def knobs_of(model: ModelSpec | PythonModelSpec) -> ModelKnobs:
@@ -188,7 +233,7 @@ class KnobSpace:
     """The values each knob may take, and the rule instances x threads <= ``cpu_cores``.
 
     Attributes:
-        cpu_cores: The spec's ``cpu_cores``.
+        cpu_cores: The cores that bound the ladder (``Cores.bound``: this host's).
         max_batch: Model -> its ``max_batch_size`` (preferred sizes above it are left out).
         start: The settings the search starts from (their values join the ladders).
     """

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.build_repo.manifest import write_atomically
+from tools.files import write_atomically
 from tools.errors import UserInputError
 from tools.tune.knobs import Settings, settings_from_dict, settings_key, settings_to_dict
 from tools.tune.search import Score
+from tools.tune.trial import level_text
 
 RESULTS_NAME = "results.json"
 PLOT_NAME = "pareto.png"
@@ -32,6 +33,8 @@ class Trial:
         seconds: Wall time of the trial: build, serve and load.
         build: Model -> what the build did (``repackaged``, ``built``, ``skipped``).
         started: UTC time it started.
+        failure: Why the trial ended early (the server did not load it, or stopped during it),
+            in the server's words; such a trial is infeasible. Empty when it ran through.
     """
 
     id: int
@@ -41,6 +44,7 @@ class Trial:
     seconds: float
     build: dict[str, str] = field(default_factory=dict)
     started: str = ""
+    failure: str = ""
 
     @property
     def key(self) -> str:
@@ -48,7 +52,10 @@ class Trial:
         return settings_key(self.settings) + json.dumps(self.context, sort_keys=True)
 
     def best_point(self) -> dict[str, Any] | None:
-        """The point of highest throughput within the target, if any."""
+        """The point of highest throughput within the target, if any (none for a failed trial:
+        a server that crashed under a setting is no winner, whatever it measured first)."""
+        if self.failure:
+            return None
         good = [p for p in self.points if p["within_target"]]
         return max(good, key=lambda p: p["throughput"]) if good else None
 
@@ -67,12 +74,14 @@ class Trial:
             "id": self.id, "started": self.started, "seconds": round(self.seconds, 1),
             "settings": settings_to_dict(self.settings), "context": self.context,
             "build": self.build,
+            "failure": self.failure,
             "within_target": best is not None,
             "throughput": best["throughput"] if best else None,
             "p50_ms": best["p50_ms"] if best else None,
             "p99_ms": best["p99_ms"] if best else None,
             "error_ratio": best["error_ratio"] if best else None,
             "concurrency": best["concurrency"] if best else None,
+            "rate": best.get("rate") if best else None,
             "points": self.points,
         }
 
@@ -81,7 +90,7 @@ class Trial:
         """Read a trial back from the results file."""
         return cls(int(data["id"]), settings_from_dict(data["settings"]), dict(data["context"]),
                    list(data["points"]), float(data.get("seconds", 0.0)),
-                   dict(data.get("build", {})), data.get("started", ""))
+                   dict(data.get("build", {})), data.get("started", ""), data.get("failure", ""))
 
 
 def load_trials(path: Path) -> list[Trial]:
@@ -122,7 +131,7 @@ def format_table(trials: Sequence[Trial], models: Sequence[str], best: Trial | N
     width = {m: max(len(m), *(len(t.settings[m].short()) for t in trials)) if trials else len(m)
              for m in models}
     header = (f"{'#':>3} " + " ".join(f"{m:<{width[m]}}" for m in models)
-              + f" {'req/s':>7} {'P50 ms':>7} {'P99 ms':>7} {'err':>5} {'conc':>4} "
+              + f" {'req/s':>7} {'P50 ms':>7} {'P99 ms':>7} {'err':>5} {'load':>6} "
               + " ".join(f"{'batch ' + m[:10]:>16}" for m in models) + "  note")
     lines = [header, "-" * len(header)]
     for trial in trials:
@@ -130,15 +139,18 @@ def format_table(trials: Sequence[Trial], models: Sequence[str], best: Trial | N
         shown = point or (trial.points[-1] if trial.points else None)
         cells = " ".join(f"{trial.settings[m].short():<{width[m]}}" for m in models)
         if shown is None:
-            lines.append(f"{trial.id:>3} {cells}  (no point measured)")
+            why = f"failed: {trial.failure}" if trial.failure else "no point measured"
+            lines.append(f"{trial.id:>3} {cells}  ({why})")
             continue
         batches = " ".join(
             f"{_fmt((shown['models'].get(m) or {}).get('mean_batch'), '.2f'):>16}" for m in models)
         note = "winner" if best is not None and trial.id == best.id else (
             "" if point else f"over target (P99 > {p99_target:g} ms or errors)")
+        if trial.failure:
+            note = f"failed: {trial.failure}"
         lines.append(
             f"{trial.id:>3} {cells} {_fmt(shown['throughput']):>7} {_fmt(shown['p50_ms']):>7} "
-            f"{_fmt(shown['p99_ms']):>7} {shown['error_ratio']:>5.3f} {shown['concurrency']:>4} "
+            f"{_fmt(shown['p99_ms']):>7} {shown['error_ratio']:>5.3f} {level_text(shown):>6} "
             f"{batches}  {note}")
     return "\n".join(lines)
 

@@ -40,7 +40,8 @@ class EmbeddedTarget:
         self.start_timeout_s = start_timeout_s
         self._server = None
 
-    def serve(self, repository: Path, changed: Sequence[str], trial: int) -> tuple[str, str]:
+    def serve(self, repository: Path, changed: Sequence[str],
+              trial: int | str) -> tuple[str, str]:
         """Stop the last trial's server, start one on ``repository``; (HTTP, gRPC) endpoints."""
         from tools.serve.server import EmbeddedServer
 
@@ -149,7 +150,8 @@ class RemoteTarget:
                                       f"{timeout_s:g} s after the reload")
                 time.sleep(0.5)
 
-    def serve(self, repository: Path, changed: Sequence[str], trial: int) -> tuple[str, str]:
+    def serve(self, repository: Path, changed: Sequence[str],
+              trial: int | str) -> tuple[str, str]:
         """Reload each changed model with the config the trial build wrote for it."""
         for model in changed:
             message = parse_config((repository / model / "config.pbtxt").read_text(),

@@ -1,7 +1,8 @@
 """One trial: repackage the spec with the trial's knobs into a trial folder, then load it.
 
 The build is ``tools build-repo``'s own (repackage only: the exports of the baseline folder are
-reused); the load is ``tools bench``'s closed loop at increasing concurrency (``tools.stats``).
+reused); the load is the scenario's requests (``tools.load.scenario``) in ``tools bench``'s
+closed loop at increasing concurrency, or its open loop at increasing rates (``tools.stats``).
 """
 
 from __future__ import annotations
@@ -10,28 +11,30 @@ import contextlib
 import io
 import os
 import shutil
-import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.bench.served import measure_served
+from tools.bench.served import measure
 from tools.build_repo.builders import builder_for
-from tools.build_repo.manifest import MANIFEST_NAME, load_manifest
+from tools.manifest import MANIFEST_NAME, load_manifest
 from tools.build_repo.pipeline import build_repository
 from tools.build_repo.results import BuildResult, ModelKind, ModelStatus
 from tools.build_repo.spec import ModelSpec, RepoSpec
 from tools.errors import BuildError, UserInputError
+from tools.load.scenario import Request
 from tools.loadtest import triton_stats
 from tools.tune.knobs import ModelKnobs, Settings
 from tools.tune.search import Score
-from tools.tune.spec_text import apply_settings
+from tools.tune.spec_patch import apply_settings, set_cpu_cores
 
 # Stop climbing the concurrency ladder when a step gains less than this: the server is saturated.
 SATURATION_GAIN = 0.05
-EXPORTING_KINDS = (ModelKind.PYTORCH, ModelKind.ONNX)
+# Only a PyTorch model is exported; an ONNX file as the source is copied again (no export).
+EXPORTING_KINDS = (ModelKind.PYTORCH,)
+DEFAULT_REFINE = 2
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,10 @@ class LoadPlan:
         duration_s: Measured seconds of each point.
         p99_ms: The P99 target.
         max_error_ratio: The error-ratio limit.
+        rates: Open loop instead: arrival rates (requests/s), ascending, climbed until one
+            misses the target; then ``refine`` bisection steps between the last rate met and
+            the first missed find the highest rate that meets it.
+        refine: Bisection steps of the open loop.
     """
 
     protocol: str
@@ -54,20 +61,50 @@ class LoadPlan:
     duration_s: float
     p99_ms: float
     max_error_ratio: float
+    rates: tuple[float, ...] = ()
+    refine: int = DEFAULT_REFINE
+
+    @property
+    def open_loop(self) -> bool:
+        """True when the plan climbs arrival rates, not concurrency."""
+        return bool(self.rates)
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        """The rungs climbed: rates in open loop, concurrency levels otherwise."""
+        return self.rates if self.open_loop else self.concurrency
 
     def context(self) -> dict[str, Any]:
-        """What makes two trials of the same settings comparable (stored with each trial)."""
-        return {"protocol": self.protocol, "concurrency": list(self.concurrency),
-                "warmup_s": self.warmup_s, "duration_s": self.duration_s}
+        """What makes two trials of the same settings comparable (stored with each trial):
+        the load and the target a trial's figure was judged against."""
+        load = {"rates": list(self.rates), "refine": self.refine} if self.open_loop else {
+            "concurrency": list(self.concurrency)}
+        return {"protocol": self.protocol, **load, "warmup_s": self.warmup_s,
+                "duration_s": self.duration_s, "p99_ms": self.p99_ms,
+                "max_error_ratio": self.max_error_ratio}
 
     def point_seconds(self) -> float:
-        """Seconds one concurrency point takes."""
+        """Seconds one point takes."""
         return self.warmup_s + self.duration_s
+
+    def points_at_most(self) -> int:
+        """Points one trial measures at most."""
+        return len(self.levels) + (self.refine if self.open_loop else 0)
+
+    def describe(self) -> str:
+        """``concurrency 4, 8, 16`` or ``open loop at 10, 20, 40 req/s (+2 bisections)``."""
+        if self.open_loop:
+            return (f"open loop at {', '.join(f'{r:g}' for r in self.rates)} req/s "
+                    f"(+{self.refine} bisection steps)")
+        return f"concurrency {', '.join(map(str, self.concurrency))}"
 
 
 @dataclass
 class Point:
-    """One concurrency level of a trial: the client's figures and Triton's, per model."""
+    """One load level of a trial: the client's figures and Triton's, per model.
+
+    ``concurrency`` is 0 for an open-loop point, whose level is ``rate``.
+    """
 
     concurrency: int
     requests: int
@@ -79,10 +116,28 @@ class Point:
     within_target: bool
     first_error: str = ""
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rate: float | None = None
+
+    @property
+    def level(self) -> float:
+        """The rate of an open-loop point, else its concurrency."""
+        return self.rate if self.rate else self.concurrency
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
         return asdict(self)
+
+
+def level_text(point: Mapping[str, Any]) -> str:
+    """``c=8`` or ``r=40`` of a point dict."""
+    rate = point.get("rate")
+    return f"r={rate:g}" if rate else f"c={point['concurrency']}"
+
+
+def level_words(point: Mapping[str, Any]) -> str:
+    """``concurrency 8`` or ``rate 40 req/s`` of a point dict."""
+    rate = point.get("rate")
+    return f"rate {rate:g} req/s" if rate else f"concurrency {point['concurrency']}"
 
 
 def within(p99_ms: float | None, error_ratio: float, requests: int, plan: LoadPlan) -> bool:
@@ -106,61 +161,72 @@ def _model_figures(models: Mapping[str, triton_stats.ModelWindow]) -> dict[str, 
     return {name: {k: getattr(m, k) for k in keep} for name, m in sorted(models.items())}
 
 
-def measure_point(plan: LoadPlan, url: str, stats_url: str, texts: Sequence[str], concurrency: int,
-                  pipeline: str, encoder: str) -> Point:
-    """One closed-loop point with ``tools bench``'s load, and Triton's view of every model.
+def measure_point(plan: LoadPlan, url: str, stats_url: str, requests: Sequence[Request],
+                  level: float, pipeline: str, encoder: str) -> Point:
+    """One point (closed loop at ``level`` concurrency, or open loop at ``level`` req/s) with
+    ``tools bench``'s load, and Triton's view of every model. The trial's one load call.
 
-    Triton's counters are read at the end of the warm-up (a timer beside the load) and at the
-    end, so the mean executed batch and the queue/compute split cover each model of the pipeline.
+    Triton's counters are metered over the measured window (``tools.load.TritonStats``), so the
+    mean executed batch and the queue/compute split cover each model of the pipeline.
+
+    Args:
+        plan: The load and the target.
+        url: ``host:port`` of the protocol's endpoint.
+        stats_url: ``host:port`` of the HTTP endpoint (Triton's statistics).
+        requests: The scenario's requests (``tools.load.scenario``), sent in turn.
+        level: Concurrency (closed loop) or arrival rate (open loop).
+        pipeline: The model the requests go to.
+        encoder: The model whose figures ``tools bench`` reports beside.
     """
-    snapshots: dict[str, Any] = {}
-
-    def before() -> None:
-        try:
-            snapshots["before"] = triton_stats.fetch_statistics(stats_url, "http")
-        except Exception as exc:  # noqa: BLE001 - reported with the point, the load goes on
-            snapshots["error"] = exc
-
-    timer = threading.Timer(plan.warmup_s, before)
-    timer.start()
-    try:
-        result = measure_served(plan.protocol, url, stats_url, texts, concurrency,
-                                warmup_s=plan.warmup_s, duration_s=plan.duration_s,
-                                pipeline=pipeline, encoder_model=encoder)
-    finally:
-        timer.cancel()
-        timer.join()
-    models = {}
-    if "before" in snapshots:
-        after = triton_stats.fetch_statistics(stats_url, "http")
-        models = _model_figures(triton_stats.window(snapshots["before"], after))
+    rate = float(level) if plan.open_loop else None
+    concurrency = 0 if plan.open_loop else int(level)
+    result = measure(requests, plan.protocol, url, stats_url, concurrency=concurrency, rate=rate,
+                     warmup_s=plan.warmup_s, duration_s=plan.duration_s)
+    models = _model_figures(result.models)
     count = result.requests + result.errors
     ratio = result.errors / count if count else 0.0
     return Point(concurrency, result.requests, result.errors, ratio, result.throughput,
                  result.p50_ms, result.p99_ms, within(result.p99_ms, ratio, result.requests, plan),
-                 result.first_error, models)
+                 result.first_error, models, rate)
 
 
-def climb(plan: LoadPlan, measure: Callable[[int], Point],
+def climb(plan: LoadPlan, measure: Callable[[float], Point],
           on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """Measure ``plan.concurrency`` in order until a point misses the target or saturates.
+    """Measure ``plan.levels`` in order until a point misses the target (or, closed loop,
+    saturates); in open loop then bisect between the last rate met and the first missed.
 
     Args:
         plan: The levels and the target.
-        measure: Concurrency -> its point (``measure_point`` bound to a server).
+        measure: Level -> its point (``measure_point`` bound to a server).
         on_point: Called with each point as it is measured.
     """
     points: list[Point] = []
-    for level in plan.concurrency:
+
+    def take(level: float) -> Point:
         point = measure(level)
         points.append(point)
         if on_point is not None:
             on_point(point)
+        return point
+
+    for level in plan.levels:
+        point = take(level)
         if not point.within_target:
             break
         previous = [p for p in points[:-1] if p.within_target]
-        if previous and point.throughput < max(p.throughput for p in previous) * (1 + SATURATION_GAIN):
+        if not plan.open_loop and previous and \
+                point.throughput < max(p.throughput for p in previous) * (1 + SATURATION_GAIN):
             break
+    if plan.open_loop and points[-1].within_target is False and len(points) > 1:
+        met, missed = points[-2].level, points[-1].level
+        for _ in range(plan.refine):
+            middle = round((met + missed) / 2, 1)
+            if middle in (met, missed):
+                break
+            if take(middle).within_target:
+                met = middle
+            else:
+                missed = middle
     return points
 
 
@@ -188,6 +254,8 @@ def check_baseline(spec: RepoSpec, baseline: Path, models: Sequence[str], target
         if not isinstance(entry, ModelSpec):
             continue
         builder = builder_for(spec, entry, target, cfg.render(configs[name].to_message()))
+        if builder.kind not in EXPORTING_KINDS:
+            continue
         previous = manifest.models.get(name)
         plan = builder.plan(previous)
         if builder.reusable_export(baseline / name, previous, plan) is None:
@@ -219,7 +287,7 @@ def snapshot_baseline(baseline: Path, folder: Path, models: Sequence[str]) -> Pa
 
 def build_trial(spec_path: Path, spec_text: str, start: Mapping[str, ModelKnobs],
                 settings: Settings, baseline: Path, folder: Path, models: Sequence[str],
-                target: str) -> BuildResult:
+                target: str, cpu_cores: int | None = None) -> BuildResult:
     """Write the trial's repository: the baseline's models, repackaged with ``settings``.
 
     The trial spec is a copy of the spec's text with the knobs written in, saved beside the
@@ -234,6 +302,8 @@ def build_trial(spec_path: Path, spec_text: str, start: Mapping[str, ModelKnobs]
         folder: The trial repository (created; must not exist).
         models: The pipeline and its models: what is copied and built.
         target: ``cpu``.
+        cpu_cores: ``cpu_cores`` of the trial spec (the host's, when the ladder goes past the
+            spec's); None keeps the spec's.
 
     Raises:
         BuildError: the build exported a model again (it must only repackage).
@@ -241,7 +311,10 @@ def build_trial(spec_path: Path, spec_text: str, start: Mapping[str, ModelKnobs]
     """
     snapshot_baseline(baseline, folder, models)
     trial_spec = spec_path.parent / f".{spec_path.stem}.tune-{uuid.uuid4().hex[:8]}.yaml"
-    trial_spec.write_text(apply_settings(spec_text, settings, start, target), encoding="utf-8")
+    text = apply_settings(spec_text, settings, start, target)
+    if cpu_cores is not None:
+        text = set_cpu_cores(text, cpu_cores)
+    trial_spec.write_text(text, encoding="utf-8")
     try:
         # The build's summary table would repeat for every trial; results.json keeps the statuses.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -12,19 +12,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tools.build_repo.spec import parse_spec
+from tools.build_repo.spec import parse_spec_text
 from tools.errors import BuildError, ServerError, ToolkitError, UserInputError
+from tools.load.scenario import Request
+from tools.serve.server_log import one_line
 from tools.tune.knobs import KnobSpace, ModelKnobs, Settings
 from tools.tune.results import Trial
 from tools.tune.search import BudgetExhausted, Score, SearchOutcome, coordinate_descent
 from tools.tune.servers import changed_models
 from tools.tune.trial import (
     LoadPlan,
+    Point,
     build_trial,
     check_baseline,
     climb,
+    level_text,
+    level_words,
     measure_point,
     snapshot_baseline,
 )
@@ -36,9 +39,24 @@ SETUP_ESTIMATE_S = 25.0
 TrialRunner = Callable[[Settings, int], tuple[list[dict[str, Any]], dict[str, str]]]
 
 
+class TrialFailed(ServerError):
+    """A trial's server did not load its repository, or stopped during the load.
+
+    Attributes:
+        points: The points measured before it stopped (as dicts).
+        build: Model -> build status.
+    """
+
+    def __init__(self, message: str, points: Sequence[dict[str, Any]] = (),
+                 build: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.points = list(points)
+        self.build = dict(build or {})
+
+
 def first_trial_estimate(plan: LoadPlan) -> float:
     """Seconds one trial takes at most before any was measured: setup plus every point."""
-    return SETUP_ESTIMATE_S + len(plan.concurrency) * plan.point_seconds()
+    return SETUP_ESTIMATE_S + plan.points_at_most() * plan.point_seconds()
 
 
 def check_budget(budget_s: float, plan: LoadPlan) -> None:
@@ -52,12 +70,16 @@ def check_budget(budget_s: float, plan: LoadPlan) -> None:
         raise UserInputError(
             f"--budget-minutes {budget_s / 60:g} is too small for one trial: a trial takes about "
             f"{need:.0f} s ({SETUP_ESTIMATE_S:.0f} s to build and serve, then "
-            f"{len(plan.concurrency)} concurrency points x {plan.point_seconds():g} s); give at "
-            f"least {need / 60:.1f} minutes, or fewer --concurrency levels")
+            f"{plan.points_at_most()} {'rate' if plan.open_loop else 'concurrency'} points x "
+            f"{plan.point_seconds():g} s); give at least {need / 60:.1f} minutes, or fewer "
+            f"{'--rate' if plan.open_loop else '--concurrency'} levels")
 
 
 class Session:
-    """Answers the search: a cached trial of the same settings and load, or a new one.
+    """Answers the search: a cached trial of the same settings and context, or a new one.
+
+    A new trial whose server does not load it, or stops during it (``ServerError``), is recorded
+    as infeasible with the server's reason, and the search goes on.
 
     Args:
         plan: The load every trial runs.
@@ -114,10 +136,16 @@ class Session:
         trial_id = max((t.id for t in self.trials), default=0) + 1
         started = self.clock()
         when = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        points, build = self.run_trial(settings, trial_id)
+        failure = ""
+        try:
+            points, build = self.run_trial(settings, trial_id)
+        except ServerError as exc:
+            points, build = getattr(exc, "points", []), getattr(exc, "build", {})
+            failure = one_line(str(exc))
         seconds = self.clock() - started
         self.new_seconds.append(seconds)
-        trial = Trial(trial_id, dict(settings), self.context, points, seconds, build, when)
+        trial = Trial(trial_id, dict(settings), self.context, points, seconds, build, when,
+                      failure)
         self.trials.append(trial)
         self.save_results(self.trials)
         if self.on_trial is not None:
@@ -161,21 +189,26 @@ def run_search(space: KnobSpace, session: Session, min_gain: float) -> TuneOutco
 
 
 def no_trial_met(trials: Sequence[Trial], plan: LoadPlan) -> ToolkitError:
-    """The error when no trial met the target: the best P99 seen against the target."""
-    seen = [(p["p99_ms"], p, t) for t in trials for p in t.points if p["p99_ms"] is not None]
+    """The error when no trial met the target: the best P99 seen against the target, and the
+    trials that failed with their servers' reasons."""
+    failed = [t for t in trials if t.failure]
+    failures = (f"; {len(failed)} trial(s) failed, e.g. trial {failed[0].id}: {failed[0].failure}"
+                if failed else "")
+    seen = [(p["p99_ms"], p, t) for t in trials if not t.failure for p in t.points
+            if p["p99_ms"] is not None]
     if not seen:
         return ToolkitError(f"no trial answered any request within the target (P99 <= "
-                            f"{plan.p99_ms:g} ms); see the server logs")
+                            f"{plan.p99_ms:g} ms){failures}; see the server logs")
     p99, point, trial = min(seen, key=lambda s: s[0])
     return ToolkitError(
         f"no trial met the target: the best P99 seen was {p99:.1f} ms (trial {trial.id}, "
-        f"concurrency {point['concurrency']}, error ratio {point['error_ratio']:.3f}) against a "
-        f"target of P99 <= {plan.p99_ms:g} ms with error ratio <= {plan.max_error_ratio:g}, over "
-        f"{len(trials)} trial(s)")
+        f"{level_words(point)}, error ratio "
+        f"{point['error_ratio']:.3f}) against a target of P99 <= {plan.p99_ms:g} ms with error "
+        f"ratio <= {plan.max_error_ratio:g}, over {len(trials)} trial(s){failures}")
 
 
 class TrialRunnerImpl:
-    """Runs real trials: repackage into a trial folder, serve it, climb the concurrency ladder.
+    """Runs real trials: repackage into a trial folder, serve it, climb the load ladder.
 
     Args:
         spec_path: ``repository.yaml``.
@@ -183,85 +216,115 @@ class TrialRunnerImpl:
         spec_settings: The knobs ``spec_text`` holds.
         baseline: The built repository whose exports are reused.
         work: Scratch folder for trial repositories (removed by ``close``).
-        models: The pipeline's models, in step order.
-        pipeline: The pipeline (ensemble).
-        encoder: The model whose figures ``tools bench`` reports (an exported one).
+        models: The models a trial changes, in step order.
+        pipeline: The pipeline (ensemble) or model the requests go to.
+        encoder: The model whose figures ``tools bench`` reports beside.
         target: ``cpu``.
         server: ``EmbeddedTarget`` or ``RemoteTarget``.
         plan: The load.
-        texts: Request texts.
+        requests: The scenario's requests (``tools.load.scenario``).
         echo: Prints one line.
+        cpu_cores: ``cpu_cores`` written into each trial spec when the ladder goes past the
+            spec's (``Cores.bound``); None leaves the spec's.
     """
 
     def __init__(self, spec_path: Path, spec_text: str, spec_settings: Mapping[str, ModelKnobs],
                  baseline: Path, work: Path, models: Sequence[str], pipeline: str, encoder: str,
-                 target: str, server: Any, plan: LoadPlan, texts: Sequence[str],
-                 echo: Callable[[str], None]) -> None:
+                 target: str, server: Any, plan: LoadPlan, requests: Sequence[Request],
+                 echo: Callable[[str], None], cpu_cores: int | None = None) -> None:
         self.spec_path, self.spec_text, self.spec_settings = spec_path, spec_text, spec_settings
         self.baseline, self.work, self.models, self.pipeline = baseline, work, list(models), pipeline
         self.encoder, self.target, self.server, self.plan = encoder, target, server, plan
-        self.texts, self.echo = texts, echo
+        self.requests, self.echo, self.cpu_cores = requests, echo, cpu_cores
         self._applied: Settings | None = None
         self._folder: Path | None = None
         self._snapshot: Path | None = None
 
+    @property
+    def members(self) -> list[str]:
+        """What a trial repository holds: the models and, for a pipeline, the pipeline."""
+        return list(dict.fromkeys([*self.models, self.pipeline]))
+
+    def build_folder(self, settings: Settings, name: str) -> tuple[Path, dict[str, str]]:
+        """The baseline repackaged with ``settings`` into ``work/name``; each model's status."""
+        folder = self.work / name
+        shutil.rmtree(folder, ignore_errors=True)
+        if self._snapshot is None:
+            shutil.rmtree(self.work, ignore_errors=True)  # left by a run that was killed
+            self._snapshot = snapshot_baseline(self.baseline, self.work / "baseline", self.members)
+        try:  # the build code may have changed since the run started: refuse, never export
+            spec = parse_spec_text(self.spec_text, self.spec_path)
+            check_baseline(spec, self._snapshot, self.members, self.target)
+        except UserInputError as exc:
+            raise BuildError(f"{name} would export again, not repackage: {exc}") from exc
+        result = build_trial(self.spec_path, self.spec_text, self.spec_settings, settings,
+                             self._snapshot, folder, self.members, self.target, self.cpu_cores)
+        return folder, {m.name: str(m.status) for m in result.models}
+
+    def measure(self, urls: tuple[str, str], level: float) -> Point:
+        """One point of the plan's load at ``level`` on the server at ``urls`` (HTTP, gRPC)."""
+        http_url, grpc_url = urls
+        url = grpc_url if self.plan.protocol == "grpc" else http_url
+        return measure_point(self.plan, url, http_url, self.requests, level, self.pipeline,
+                             self.encoder)
+
     def __call__(self, settings: Settings,
                  trial_id: int) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """Build, serve and load one trial; its points and each model's build status."""
+        """Build, serve and load one trial; its points and each model's build status.
+
+        Raises:
+            TrialFailed: the server did not load the trial or stopped during it (the server's
+                reason, and the points measured until then).
+        """
         what = " | ".join(f"{m} {k.short()}" for m, k in settings.items())
         self.echo(f"trial {trial_id}: {what}")
         if self.server.kind == "embedded":
             self.server.close()  # its trial folder can go once the server has stopped
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
-        self._folder = self.work / f"trial-{trial_id}"
-        shutil.rmtree(self._folder, ignore_errors=True)
-        members = [*self.models, self.pipeline]
-        if self._snapshot is None:
-            shutil.rmtree(self.work, ignore_errors=True)  # left by a run that was killed
-            self._snapshot = snapshot_baseline(self.baseline, self.work / "baseline", members)
-        try:  # the build code may have changed since the run started: refuse, never export
-            spec = parse_spec(yaml.safe_load(self.spec_text), self.spec_path)
-            check_baseline(spec, self._snapshot, members, self.target)
-        except UserInputError as exc:
-            raise BuildError(f"trial {trial_id} would export again, not repackage: {exc}") from exc
-        result = build_trial(self.spec_path, self.spec_text, self.spec_settings, settings,
-                             self._snapshot, self._folder, members, self.target)
-        build = {m.name: str(m.status) for m in result.models}
+        self._folder, build = self.build_folder(settings, f"trial-{trial_id}")
         changed = changed_models(self._applied, settings)
         self._applied = None  # unknown until the reload succeeds
-        http_url, grpc_url = self.server.serve(self._folder, changed, trial_id)
+        try:
+            urls = self.server.serve(self._folder, changed, trial_id)
+        except ServerError as exc:
+            self.echo(f"  did not load: {one_line(str(exc))}")
+            raise TrialFailed(f"the server did not load trial {trial_id}: {exc}", [],
+                              build) from exc
         self._applied = dict(settings)
-        url = grpc_url if self.plan.protocol == "grpc" else http_url
+        points: list[Point] = []
 
-        def measure(level: int):
+        def measure(level: float) -> Point:
             self._check_alive(trial_id)
             try:
-                point = measure_point(self.plan, url, http_url, self.texts, level, self.pipeline,
-                                      self.encoder)
+                point = self.measure(urls, level)
             except Exception as exc:
                 reason = self.server.stopped()
                 if reason:
-                    raise ServerError(f"trial {trial_id} stopped: {reason}; the results file "
-                                      f"keeps the completed trials") from exc
+                    raise ServerError(f"trial {trial_id} stopped: {reason}") from exc
                 raise
             self._check_alive(trial_id)
             return point
 
-        def show(point) -> None:
+        def show(point: Point) -> None:
+            points.append(point)
             mark = "ok" if point.within_target else "over target"
             p99 = "-" if point.p99_ms is None else f"{point.p99_ms:.0f}"
-            self.echo(f"  c={point.concurrency}: {point.throughput:.1f} req/s, P99 {p99} ms, "
-                      f"errors {point.errors} ({mark})")
+            self.echo(f"  {level_text(point.to_dict())}: {point.throughput:.1f} req/s, P99 {p99} "
+                      f"ms, errors {point.errors} ({mark})")
 
-        points = climb(self.plan, measure, show)
+        try:
+            climb(self.plan, measure, show)
+        except ServerError as exc:
+            self._applied = None
+            self.echo(f"  stopped: {one_line(str(exc))}")
+            raise TrialFailed(str(exc), [p.to_dict() for p in points], build) from exc
         return [p.to_dict() for p in points], build
 
     def _check_alive(self, trial_id: int) -> None:
         reason = self.server.stopped()
         if reason:
-            raise ServerError(f"trial {trial_id} stopped: {reason}; the results file keeps the "
-                              f"completed trials")
+            raise ServerError(f"trial {trial_id} stopped: {reason}")
 
     def close(self) -> None:
         """Stop serving and remove the trial folders."""
@@ -269,4 +332,3 @@ class TrialRunnerImpl:
             self.server.close()
         finally:
             shutil.rmtree(self.work, ignore_errors=True)
-

@@ -1,0 +1,174 @@
+"""What the HTTP and gRPC guards cost: `tools bench --url` through and around them, interleaved.
+
+One embedded tritonserver (no guard of its own); the HTTP guard and the gRPC guard run beside it
+as `tools serve` runs them, in front of tritonserver's own ports. Each round measures every
+pipeline and protocol through the guard, then around it (tritonserver's port), so drift on a
+shared machine hits both arms alike (A/B/A/B); ``--compare-http-guard FILE`` adds a third arm,
+another HTTP guard file (e.g. an older version from git) in front of the same server. Besides
+throughput it reports each guard's CPU time per request (psutil), a figure the neighbours'
+load disturbs less.
+
+    python scripts/guard_cost.py --repository /tmp/repo --rounds 2 --output reports/guard-cost
+
+Prints one table (throughput per arm and round, the through/around ratio, guard CPU per
+request) and writes ``guard_cost.json`` in ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools import net  # noqa: E402
+from tools.serve import guards  # noqa: E402
+from tools.serve.http_guard import GuardLimits  # noqa: E402
+from tools.serve.server import EmbeddedServer  # noqa: E402
+
+
+def _bench(args: argparse.Namespace, http: str, grpc: str, pipeline: str, protocol: str,
+           out: Path) -> dict:
+    """One `tools bench --url` point; its served figures."""
+    command = [sys.executable, "-m", "tools.cli", "bench", "--repository", str(args.repository),
+               "--url", http, "--grpc-url", grpc, "--pipelines", pipeline,
+               "--protocol", protocol, "--concurrency", str(args.concurrency),
+               "--batch-sizes", "1", "--min-seconds", "0", "--no-half-load",
+               "--duration", str(args.duration), "--warmup", str(args.warmup),
+               "--output", str(out)] + (["--texts", str(args.texts)] if args.texts else [])
+    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=open(out.with_suffix(".log"), "w"), timeout=600)
+    served = json.loads((out / "bench.json").read_text())["served"][0]
+    return {"command": " ".join(command[1:]), **served}
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repository", type=Path, required=True)
+    parser.add_argument("--pipelines", default="text_embedding_int8,text_embedding")
+    parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=15.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--texts", type=Path,
+                        help="Texts for `tools bench` (default: its own; fewer make its "
+                        "in-process step, which this script does not use, shorter).")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="The HTTP guard's event loop.")
+    parser.add_argument("--compare-http-guard", type=Path,
+                        help="Another http_guard.py, measured as a third arm.")
+    parser.add_argument("--output", type=Path, default=ROOT / "reports" / "guard-cost")
+    args = parser.parse_args()
+    args.output.mkdir(parents=True, exist_ok=True)
+
+    server = EmbeddedServer(args.repository, exit_timeout_s=5,
+                            log_path=args.output / "tritonserver.log")
+    server.start(timeout_s=300)
+    pool = guards.Guards()
+    try:
+        http_port, grpc_port, other_port = net.free_ports(3)
+        triton_http = int(server.http_url.rpartition(":")[2])
+        triton_grpc = int(server.grpc_url.rpartition(":")[2])
+        limits = GuardLimits(16 * 2**20, 64 * 2**20)
+        http_guard = guards.http_guard(limits, http_port, triton_http, server.pid)
+        http_guard.command += ["--event-loop", args.event_loop]
+        grpc_guard = guards.grpc_guard(16 * 2**20, grpc_port, triton_grpc, server.pid)
+        arms = {"through": (http_guard, grpc_guard), "around": (None, None)}
+        wanted = [http_guard, grpc_guard]
+        if args.compare_http_guard:
+            other = guards.GuardProcess("the compared HTTP guard", [
+                sys.executable, str(args.compare_http_guard), "--listen-port", str(other_port),
+                "--upstream-port", str(triton_http), "--watch-pid", str(server.pid)], other_port)
+            arms["compared"] = (other, grpc_guard)
+            wanted.append(other)
+        pool.start(wanted, args.output / "guards.log")
+        pids = {name: _guard_pid(guard) for name, guard in
+                (("http", http_guard), ("grpc", grpc_guard))}
+        if args.compare_http_guard:
+            pids["compared"] = _guard_pid(arms["compared"][0])
+        runs = []
+        for round_ in range(1, args.rounds + 1):
+            for pipeline in args.pipelines.split(","):
+                for protocol in args.protocols.split(","):
+                    for arm, (h, g) in arms.items():
+                        if arm == "compared" and protocol != "http":
+                            continue
+                        http = f"{net.LOOPBACK}:{h.listen_port}" if h else server.http_url
+                        grpc = f"{net.LOOPBACK}:{g.listen_port}" if g else server.grpc_url
+                        guard_pid = None
+                        if arm != "around":
+                            guard_pid = pids["compared" if arm == "compared" else protocol]
+                        before = _cpu_s(guard_pid) if guard_pid else 0.0
+                        triton_before = _cpu_s(server.pid)
+                        out = args.output / f"r{round_}-{pipeline}-{protocol}-{arm}"
+                        served = _bench(args, http, grpc, pipeline, protocol, out)
+                        total = served["requests"] + served["errors"]
+                        run = {"round": round_, "pipeline": pipeline, "protocol": protocol,
+                               "arm": arm, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "load1": os.getloadavg()[0],
+                               "triton_cpu_s": _cpu_s(server.pid) - triton_before, **served}
+                        if guard_pid:
+                            # the whole run (warm-up too) over the requests measured: upper bound
+                            run["guard_cpu_s"] = _cpu_s(guard_pid) - before
+                            run["guard_cpu_us_per_request"] = (
+                                1e6 * run["guard_cpu_s"] / max(total, 1)
+                                * args.duration / (args.duration + args.warmup))
+                        runs.append(run)
+                        print(f"round {round_} {pipeline} {protocol} {arm}: "
+                              f"{served['throughput']:.1f} req/s, P50 {served['p50_ms']:.1f} ms, "
+                              f"P99 {served['p99_ms']:.1f} ms, errors {served['errors']}"
+                              + (f", guard {run['guard_cpu_us_per_request']:.0f} us CPU/request"
+                                 if guard_pid else "")
+                              + f" (load {run['load1']:.1f})", flush=True)
+    finally:
+        pool.stop()
+        server.stop()
+    summary = _summary(runs)
+    print(summary)
+    (args.output / "guard_cost.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary},
+        indent=2) + "\n")
+    return 0
+
+
+def _guard_pid(guard: guards.GuardProcess) -> int:
+    return guard._proc.pid  # noqa: SLF001 (this script measures the process itself)
+
+
+def _summary(runs: list[dict]) -> str:
+    lines = ["| pipeline | protocol | arm | req/s per round | mean | / around | guard CPU us/req |",
+             "|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["pipeline"], r["protocol"]) for r in runs}, key=lambda k: (k[0], k[1]))
+    for pipeline, protocol in keys:
+        mine = [r for r in runs if (r["pipeline"], r["protocol"]) == (pipeline, protocol)]
+        means = {}
+        for arm in dict.fromkeys(r["arm"] for r in mine):
+            values = [r["throughput"] for r in mine if r["arm"] == arm]
+            means[arm] = sum(values) / len(values)
+        for arm, mean in means.items():
+            values = [r["throughput"] for r in mine if r["arm"] == arm]
+            cpu = [r["guard_cpu_us_per_request"] for r in mine
+                   if r["arm"] == arm and "guard_cpu_us_per_request" in r]
+            lines.append(f"| {pipeline} | {protocol} | {arm} | "
+                         f"{' / '.join(f'{v:.1f}' for v in values)} | {mean:.1f} | "
+                         f"{mean / means['around']:.3f} | "
+                         f"{' / '.join(f'{c:.0f}' for c in cpu) or '-'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

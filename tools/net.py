@@ -1,0 +1,66 @@
+"""Loopback ports: is one taken, which are free, does one accept connections yet.
+
+Every server this project starts (tritonserver, its guards, Locust, the servers compared) binds
+127.0.0.1 on ports chosen here.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+from tools.errors import ServerError
+
+LOOPBACK = "127.0.0.1"
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    """True when ``host:port`` cannot be bound (some process listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1 that were free a moment ago (bound together)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((LOOPBACK, 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def accepts(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> bool:
+    """True when a TCP connection to ``host:port`` succeeds (the connection is closed again)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+
+def choose_ports(requested: Mapping[str, int]) -> dict[str, int]:
+    """Ports for ``requested`` (kind -> port, 0 for any free one), e.g. ``{"HTTP": 8000}``.
+
+    Raises:
+        ServerError: a requested port is in use; the message names its ``--<kind>-port``.
+    """
+    for kind, port in requested.items():
+        if port and port_in_use(port):
+            raise ServerError(
+                f"port {port} ({kind}) is already in use on {LOOPBACK}; "
+                f"choose another --{kind.lower()}-port, or 0 for a free one"
+            )
+    auto = [k for k, p in requested.items() if not p]
+    chosen = dict(zip(auto, free_ports(len(auto))))
+    return {k: p or chosen[k] for k, p in requested.items()}

@@ -1,0 +1,350 @@
+"""A bound on gRPC message size in front of tritonserver, which has none.
+
+Every Triton release builds its gRPC server with ``SetMaxMessageSize(INT32_MAX)``
+(``src/grpc/grpc_server.cc``) and no flag changes it: one 200 MB ``ModelInfer`` is read whole
+(tritonserver 2.51's RSS went from 48 to 609 MiB) before any model can refuse it. This guard
+listens on the public gRPC port and relays each HTTP/2 connection to tritonserver's gRPC port on
+loopback frame by frame, unchanged (so metadata, the admin key, deadlines, cancellation, status
+codes, every service and the bidirectional ``ModelStreamInfer`` pass as they are, and answers are
+byte-identical). It reads only the 9-byte frame headers and, in the client's DATA frames, the
+5-byte prefix of each gRPC message. A message announced over ``max_message_bytes`` (or a
+compressed one that decodes past it) ends its call before tritonserver has it: the guard resets
+the stream upstream (RST_STREAM CANCEL), answers the client ``RESOURCE_EXHAUSTED`` ("Received
+message larger than max (N vs. M)", as gRPC's own limit words it), drops that stream's other
+frames and returns their flow-control credit (WINDOW_UPDATE), so the connection serves on.
+
+Run by ``EmbeddedServer(grpc_guard=...)`` (``python -m tools.serve.grpc_guard --listen-port P
+--upstream-port U --watch-pid PID``) and by the CPU image's ``tritonserver`` wrapper
+(docker/tritonserver-cpu.sh). Standard library only (uvloop's event loop when importable), like
+http_guard.py beside it. It exits when ``PID`` (tritonserver) is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import zlib
+
+try:  # a module of the project
+    from tools.serve.http_guard import LOOPBACK, run, run_until_gone
+except ImportError:  # a file beside http_guard.py, as the CPU image runs it
+    from http_guard import LOOPBACK, run, run_until_gone  # type: ignore[no-redef]
+
+MAX_MESSAGE_BYTES = 16 * 2**20  # as the HTTP body limit (docker-compose.yml)
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+RESOURCE_EXHAUSTED = 8
+# frame types and flags (RFC 9113 section 6)
+DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 5, 8, 9
+END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
+CANCEL = 0x8
+# Frames of a refused stream that are dropped; header blocks always pass (both HPACK decoders
+# must see every block, RFC 9113 section 4.3), the receiver discarding them itself.
+_DROPPED = frozenset({DATA, RST_STREAM, WINDOW_UPDATE})
+_STATUS_200 = b"\x88"  # HPACK static table entry 8, ":status: 200" (changes no table)
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """An HPACK literal header field without indexing, new name, no Huffman: it leaves the
+    decoder's dynamic table as it was (RFC 7541 section 6.2.2)."""
+    return b"\x00" + _hpack_length(len(name)) + name + _hpack_length(len(value)) + value
+
+
+def _hpack_length(n: int) -> bytes:
+    if n < 127:
+        return bytes((n,))
+    out, n = bytearray((127,)), n - 127
+    while n >= 128:
+        out.append(n % 128 + 128)
+        n //= 128
+    out.append(n)
+    return bytes(out)
+
+
+def refusal_headers(stream: int, message: str, *, trailers_only: bool) -> bytes:
+    """The HEADERS frame that ends ``stream`` with ``RESOURCE_EXHAUSTED`` (a trailers-only
+    response when tritonserver has not answered the stream yet, else its trailers)."""
+    block = (_STATUS_200 + _literal(b"content-type", b"application/grpc")) if trailers_only \
+        else b""
+    block += _literal(b"grpc-status", str(RESOURCE_EXHAUSTED).encode())
+    block += _literal(b"grpc-message", message.encode("ascii").replace(b"%", b"%25"))
+    return _frame(HEADERS, END_STREAM | END_HEADERS, stream, block)
+
+
+class _Message:
+    """Where one client stream is in its sequence of length-prefixed gRPC messages."""
+
+    __slots__ = ("prefix", "remaining", "inflater", "decoded")
+
+    def __init__(self) -> None:
+        self.prefix = b""
+        self.remaining = 0
+        self.inflater = None
+        self.decoded = 0
+
+    def too_large(self, data: memoryview, limit: int) -> str | None:
+        """Follow ``data`` (a DATA payload); why the stream must end, or None."""
+        pos, end = 0, len(data)
+        while pos < end:
+            if not self.remaining:
+                take = min(5 - len(self.prefix), end - pos)
+                self.prefix += bytes(data[pos:pos + take])
+                pos += take
+                if len(self.prefix) < 5:
+                    return None
+                compressed, length = self.prefix[0], int.from_bytes(self.prefix[1:5], "big")
+                self.prefix = b""
+                if length > limit:
+                    return f"Received message larger than max ({length} vs. {limit})"
+                self.remaining = length
+                self.inflater = zlib.decompressobj(47) if compressed else None  # gzip or zlib
+                self.decoded = 0
+                continue
+            take = min(self.remaining, end - pos)
+            if self.inflater is not None:
+                try:
+                    self.decoded += len(self.inflater.decompress(data[pos:pos + take],
+                                                                 limit + 1 - self.decoded))
+                except zlib.error:
+                    return "a compressed message the guard cannot decode (gzip and deflate only)"
+                if self.decoded > limit or self.inflater.unconsumed_tail:
+                    return f"Received message larger than max (decompressed over {limit})"
+            self.remaining -= take
+            pos += take
+        return None
+
+
+class _Direction:
+    """The frames going one way: relayed ones and the guard's own, in order, and never one of
+    the guard's inside a header block (HEADERS or PUSH_PROMISE then CONTINUATION frames, which
+    HTTP/2 does not let another frame interrupt)."""
+
+    __slots__ = ("out", "in_block", "pending")
+
+    def __init__(self) -> None:
+        self.out: list[bytes | memoryview] = []
+        self.in_block = False
+        self.pending: list[bytes] = []
+
+    def relay(self, frame: memoryview, kind: int, flags: int) -> None:
+        self.out.append(frame)
+        if kind in (HEADERS, PUSH_PROMISE, CONTINUATION):
+            self.in_block = not flags & END_HEADERS
+            if not self.in_block and self.pending:
+                self.out += self.pending
+                self.pending.clear()
+
+    def own(self, frame: bytes) -> None:
+        (self.pending if self.in_block else self.out).append(frame)
+
+    def flush(self, transport: asyncio.Transport | None) -> None:
+        if self.out:
+            data = b"".join(self.out)
+            self.out.clear()
+            if transport is not None and not transport.is_closing():
+                transport.write(data)
+
+
+class _Side(asyncio.Protocol):
+    """One end of a relayed connection; ``pair`` holds both and does the work."""
+
+    def __init__(self, pair: _Pair, client: bool) -> None:
+        self.pair, self.client = pair, client
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if self.client:
+            asyncio.get_running_loop().create_task(self.pair.connect())
+
+    def data_received(self, data: bytes) -> None:
+        self.pair.received(self.client, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pair.close()
+
+    def pause_writing(self) -> None:  # this side reads slower than the other sends
+        self.pair.flow(not self.client, pause=True)
+
+    def resume_writing(self) -> None:
+        self.pair.flow(not self.client, pause=False)
+
+
+class _Pair:
+    """A client connection and its connection to tritonserver, relayed frame by frame."""
+
+    def __init__(self, guard: GrpcGuard) -> None:
+        self.guard = guard
+        self.client = _Side(self, True)
+        self.upstream = _Side(self, False)
+        self.inbox = {True: bytearray(), False: bytearray()}
+        self.to = {True: _Direction(), False: _Direction()}  # to the client / to tritonserver
+        self.preface = True  # the client's connection preface is still to come
+        self.messages: dict[int, _Message] = {}
+        self.answered: set[int] = set()  # streams tritonserver sent headers on
+        self.refused: set[int] = set()
+        self.early = bytearray()  # client bytes before tritonserver is connected
+        self.closed = False
+
+    async def connect(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_connection(
+                lambda: self.upstream, LOOPBACK, self.guard.upstream_port)
+        except OSError:
+            self.close()
+            return
+        if self.closed:
+            self.upstream.transport.close()
+        elif self.early:
+            data, self.early = bytes(self.early), bytearray()
+            self.received(True, data)
+
+    def received(self, from_client: bool, data: bytes) -> None:
+        if self.closed:
+            return
+        if from_client and self.upstream.transport is None:
+            self.early += data
+            return
+        buf = self.inbox[from_client]
+        buf += data
+        relayed, back = self.to[not from_client], self.to[from_client]
+        pos = 0
+        view = memoryview(buf)
+        try:
+            if from_client and self.preface:
+                if len(buf) < len(PREFACE):
+                    if not PREFACE.startswith(bytes(buf)):
+                        self.close()  # not HTTP/2 with prior knowledge, as gRPC speaks it
+                    return
+                if not buf.startswith(PREFACE):
+                    self.close()
+                    return
+                self.preface = False
+                relayed.out.append(view[:len(PREFACE)])
+                pos = len(PREFACE)
+            while len(buf) - pos >= 9:
+                length = int.from_bytes(view[pos:pos + 3], "big")
+                end = pos + 9 + length
+                if len(buf) < end:
+                    break
+                kind, flags = view[pos + 3], view[pos + 4]
+                stream = int.from_bytes(view[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                if from_client:
+                    keep = self._from_client(kind, flags, stream, view[pos + 9:end], length)
+                else:
+                    keep = self._from_upstream(kind, flags, stream, length)
+                if keep:
+                    relayed.relay(view[pos:end], kind, flags)
+                pos = end
+            relayed.flush((self.upstream if from_client else self.client).transport)
+            back.flush((self.client if from_client else self.upstream).transport)
+        finally:
+            view.release()
+        del buf[:pos]
+
+    def _from_client(self, kind: int, flags: int, stream: int, payload: memoryview,
+                     length: int) -> bool:
+        if stream in self.refused:
+            if kind == DATA and length:  # the credit the client spent on a dropped frame
+                self.to[True].own(_frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+            return kind not in _DROPPED
+        if kind == DATA:
+            message = self.messages.get(stream)
+            if message is None:
+                message = self.messages[stream] = _Message()
+            data = payload[1:length - payload[0]] if flags & PADDED and length else payload
+            problem = message.too_large(data, self.guard.max_message_bytes)
+            if problem is not None:
+                self._refuse(stream, problem, length)
+                return False
+            if flags & END_STREAM:
+                del self.messages[stream]
+        elif kind == RST_STREAM:
+            self.messages.pop(stream, None)
+        return True
+
+    def _refuse(self, stream: int, message: str, length: int) -> None:
+        self.refused.add(stream)
+        self.messages.pop(stream, None)
+        self.to[False].own(_frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big")))
+        if length:
+            self.to[True].own(_frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+        self.to[True].own(refusal_headers(stream, message,
+                                          trailers_only=stream not in self.answered))
+
+    def _from_upstream(self, kind: int, flags: int, stream: int, length: int) -> bool:
+        if stream in self.refused:
+            if kind == DATA and length:  # tritonserver's credit for a frame the client never gets
+                self.to[False].own(_frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+            return kind not in _DROPPED
+        if kind == HEADERS:
+            if flags & END_STREAM:
+                self.answered.discard(stream)
+            else:
+                self.answered.add(stream)
+        elif kind == RST_STREAM:
+            self.answered.discard(stream)
+        return True
+
+    def flow(self, reading_client: bool, *, pause: bool) -> None:
+        transport = (self.client if reading_client else self.upstream).transport
+        if transport is not None and not transport.is_closing():
+            (transport.pause_reading if pause else transport.resume_reading)()
+
+    def close(self) -> None:
+        self.closed = True
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.close()
+
+
+class GrpcGuard:
+    """Relays gRPC connections to tritonserver's gRPC port, bounding message size.
+
+    Args:
+        upstream_port: tritonserver's gRPC port on 127.0.0.1.
+        max_message_bytes: The largest message a client may send.
+    """
+
+    def __init__(self, upstream_port: int, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.upstream_port = upstream_port
+        self.max_message_bytes = max_message_bytes
+
+    async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
+        """Listen on ``address:port``."""
+        return await asyncio.get_running_loop().create_server(
+            lambda: _Pair(self).client, address, port, reuse_address=True)
+
+
+async def serve(listen_port: int, upstream_port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                watch_pid: int | None = None, listen_address: str = LOOPBACK,
+                drain_s: float = 60.0) -> None:
+    """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT (``run_until_gone``:
+    with ``watch_pid``, a SIGTERM waits up to ``drain_s`` for it to exit)."""
+    server = await GrpcGuard(upstream_port, max_message_bytes).listen(listen_address, listen_port)
+    print(f"grpc guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, messages "
+          f"up to {max_message_bytes} bytes", file=sys.stderr, flush=True)
+    async with server:
+        await run_until_gone(watch_pid, drain_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--listen-address", default=LOOPBACK)
+    parser.add_argument("--listen-port", type=int, required=True)
+    parser.add_argument("--upstream-port", type=int, required=True)
+    parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES)
+    parser.add_argument("--watch-pid", type=int)
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto")
+    args = parser.parse_args(argv)
+    run(serve(args.listen_port, args.upstream_port, args.max_message_bytes, args.watch_pid,
+              args.listen_address), args.event_loop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
