@@ -4,7 +4,7 @@ family").
 
 Usage: python scripts/ov_int8_families.py [--repository model_repository] [--only NAME ...]
        [--held-out [--table]] [--accuracy-control ITERATIONS] [--speed [--time NAME=IR ...]]
-       [--passes 5]
+       [--passes 5] [--keep]
 
 Each candidate is NNCF's static int8 of the exported ``model.onnx`` as the build makes it
 (``onnx2ov_int8.quantize_openvino``: transformer preset, calibrated on ``cpu.calibration_texts``
@@ -26,6 +26,7 @@ import dataclasses
 import fnmatch
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -191,8 +192,8 @@ def main() -> None:
     from nncf.common.logging.logger import set_log_level
     from rich.console import Console
 
-    from tools.build_repo import onnx2ov_int8, quality, quality_sets
-    from tools.build_repo.parity import onnxruntime_runner, openvino_runner
+    from tools.build_repo import quality, quality_sets
+    from tools.build_repo.parity import onnxruntime_runner
     from tools.build_repo.spec import load_spec, resolve_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -212,6 +213,8 @@ def main() -> None:
     parser.add_argument("--time", nargs="*", default=[], metavar="NAME=IR",
                         help="with --speed: more IRs to time (e.g. another build's model.int8.xml)")
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the candidates' IRs (by default the scratch folder is removed)")
     args = parser.parse_args()
     set_log_level(logging.ERROR)
     console = Console(width=160)
@@ -225,6 +228,21 @@ def main() -> None:
     fp32 = onnxruntime_runner(str(source), spec.cpu_cores)
     reference = quality.embed(fp32, quality_set.encodings)
     scratch = Path(tempfile.mkdtemp(prefix="ov-int8-families-"))
+    try:
+        run(args, spec, model, quality_set, tokenizer, calibration_texts, folder, source, fp32,
+            reference, scratch, console)
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(args, spec, model, quality_set, tokenizer, calibration_texts, folder, source, fp32,
+        reference, scratch, console) -> None:
+    """Quantize, judge and (``--speed``) time the candidates, IRs written under ``scratch``."""
+    from tools.build_repo import onnx2ov_int8, quality, quality_sets
+    from tools.build_repo.parity import openvino_runner
+
+    gate = model.cpu.quality
     splits = [quality_sets.TUNE] + ([quality_sets.HELD_OUT] if args.held_out else [])
     families = quality_set.family_names()
     print(f"{len(quality_set.texts)} quality texts, {len(quality_set.held_out)} held out; "
