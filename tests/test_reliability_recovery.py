@@ -220,7 +220,7 @@ def test_a_model_that_keeps_crashing_backs_off_and_a_retry_brings_it_back_while_
     assert metrics_up['triton_forge_model_restarts_total{model="toy_double"}'] == 4
     assert metrics_up['triton_forge_model_restart_failures_total{model="toy_double"}'] == 1
     assert answer == [2.0, 4.0, 6.0, 8.0]
-    assert server.control.health().healthy
+    assert server.control.health(server.models).healthy
     assert len(records) > 50 and [r for r in records if not r.ok] == []
 
 
