@@ -41,7 +41,7 @@ def test_locust_command_runs_the_scenario_class_for_warmup_plus_duration(tmp_pat
     cmd = locust_command(_spec(tmp_path))
     assert cmd[-1] == "ScenarioGrpcUser"
     assert cmd[cmd.index("--scenario") + 1] == "image_classification"
-    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC)
+    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC.resolve())  # relative default, absolute for locust
     assert "--data" not in cmd and "--p99-ms" not in cmd
     assert cmd[cmd.index("-t") + 1] == "25s"
     assert cmd[cmd.index("-u") + 1] == "4"
