@@ -48,8 +48,8 @@ import numpy as np
 import tritonclient.http as httpclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools import paths, process  # noqa: E402
 from tools.load.scenario import load_images, load_texts  # noqa: E402
+from tools import process  # noqa: E402
 from tools.serve import faults, health  # noqa: E402
 from tools.serve.recovery import instance_model  # noqa: E402
 from tools.stats import Record, end_s  # noqa: E402
@@ -162,9 +162,9 @@ def valid_requests(host: str, model: str, config: Mapping[str, Any]) -> tuple[st
         return "image", [
             _binary_request(host, model, [(i["name"], _shape(config, i["dims"]), data)
                                           for i in strings])
-            for _, data in load_images(paths.IMAGES_DIR)]
+            for _, data in load_images()]
     if strings:
-        texts = load_texts(paths.TEXTS_FILE)[:200]
+        texts = load_texts()[:200]
         return "text", [
             _json_request(host, model, [(i["name"], _shape(config, i["dims"]), "BYTES",
                                          [texts[(n + k) % len(texts)]])

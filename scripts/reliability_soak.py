@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools import load, paths  # noqa: E402
-from tools.load.meters import sample  # noqa: E402
 from tools.load.scenario import load_texts  # noqa: E402
+from tools import load  # noqa: E402
+from tools.load.meters import sample  # noqa: E402
 from tools.serve import faults  # noqa: E402
 from tools.serve.recovery import ModelRecovery  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
@@ -36,7 +36,7 @@ def _failures(metrics_url: str) -> dict[str, int]:
 
 def _run(server: EmbeddedServer, label: str, pacing: load.Pacing, duration_s: float) -> dict:
     """One load of JSON text requests over raw HTTP, measured after a 2 s warm-up."""
-    requests = load.text_requests("text_embedding", load_texts(paths.TEXTS_FILE)[:200])
+    requests = load.text_requests("text_embedding", load_texts()[:200])
     cores = load.Cores(lambda: faults.roles(server.pid, os.getpid()))
     point = load.run(requests, load.RawHttp(server.http_url, timeout_s=10), pacing,
                      warmup_s=WARMUP_S, duration_s=duration_s - WARMUP_S, meters=[cores])

@@ -19,10 +19,9 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from tools import paths
+from tools.load.scenario import load_texts
 from tools.deploy import promql
 from tools.deploy.render import render_k8s
-from tools.load.scenario import load_texts
 from tools.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +105,7 @@ def _per_model(url: str) -> dict[str, int]:
 def _load(http_url: str, stop: threading.Event, counts: list[int], errors: set[str]) -> None:
     client = httpclient.InferenceServerClient(http_url, network_timeout=30)
     inputs = []
-    for sentence in load_texts(paths.TEXTS_FILE)[:50]:
+    for sentence in load_texts()[:50]:
         text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
         text.set_data_from_numpy(np.array([[sentence.encode()]], dtype=object))
         inputs.append(text)

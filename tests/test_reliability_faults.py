@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import paths, process
 from tools.load.scenario import load_texts
+from tools import process
 from tools.serve import faults
 from tools.stats import Window, latency_summary, summarize
 
@@ -138,7 +138,7 @@ def test_text_overload_is_refused_in_the_server_before_tokenizing_and_the_encode
     triton_server,
 ):
     texts = [{"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [t]}]}
-             for t in load_texts(paths.TEXTS_FILE)[:200]]
+             for t in load_texts()[:200]]
     closed = faults.HttpLoad(triton_server.http_url, "text_embedding", texts, timeout_s=10)
     start = time.monotonic()
     closed.run(users=32, duration_s=7)

@@ -25,9 +25,9 @@ from click.testing import CliRunner
 from tools import process
 from tools.cli import cli
 from tools.errors import ServerError
-from tools.net import free_ports
 from tools.serve import health
 from tools.serve.faults import HttpLoad
+from tools.net import free_ports
 from tools.serve.recovery import (
     Backoff,
     ModelRecovery,
