@@ -16,6 +16,7 @@ import pytest
 
 from tier_helpers import FAST, LIGHT_SUBPROCESS, TierGuard, is_fast, names_torch
 from tools.serve.server import EmbeddedServer, resolve_binary
+from waits import STARTED_FILE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOY_REPOSITORY = Path(__file__).parent / "fixtures" / "toy_repository"
@@ -131,6 +132,15 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedServer]]:
 def toy_repository() -> Path:
     """The hand-written Python-backend repository (toy_double, toy_text, toy_classify)."""
     return TOY_REPOSITORY
+
+
+@pytest.fixture
+def toy_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file toy_double appends a line to per request it starts executing, in servers
+    started after this fixture (tests/waits.py ``in_flight``)."""
+    path = tmp_path / "toy-double-started"
+    monkeypatch.setenv(STARTED_FILE_ENV, str(path))
+    return path
 
 
 @pytest.fixture(scope="session")
