@@ -21,6 +21,7 @@ from tools.load.scenario import load_texts
 from tools import process
 from tools.serve import faults
 from tools.stats import Window, latency_summary, summarize
+from waits import in_flight, wait_until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.server]
 
@@ -29,6 +30,9 @@ TOY = Path(__file__).parent / "fixtures" / "toy_repository"
 # stays well within what the Python load generator sends on 2 shared cores (at 50 ms, 4x was
 # ~1,150 req/s and one CI run measured 0.76)
 DELAY_MS = 100.0
+# what toy_slow (_SLOW: 2 instances, batches of 8) serves when both execute full batches back to
+# back: a sleep, not CPU, so it does not move with the machine's load
+SLOW_CAPACITY_RPS = 2 * 8 * 1000.0 / DELAY_MS
 _SLOW = """name: "toy_slow"
 backend: "python"
 max_batch_size: 8
@@ -114,8 +118,10 @@ def test_overload_keeps_its_goodput_and_rejects_fast_with_a_bounded_accepted_p99
     goodput_rps = over.ok / over.window.length_s
     rejected = [r.latency_ms for r in opened.records if not r.ok]
 
-    # at capacity a shared 2-core machine may let a few requests pass the 500 ms queue timeout
-    assert capacity.errors <= 0.05 * capacity.count and capacity_rps > 80, capacity
+    # at capacity a shared 2-core machine may let a few requests pass the 500 ms queue timeout;
+    # the closed loop (16 users, two batches of 8) keeps toy_slow at least half busy
+    assert capacity.errors <= 0.05 * capacity.count, capacity
+    assert capacity_rps > 0.5 * SLOW_CAPACITY_RPS, (capacity_rps, SLOW_CAPACITY_RPS)
     # the target is 0.8; two instances measured 0.68-1.0 over runs here (the stall still
     # hits now and then), one instance 0.36-0.46: the bar sits between the two ranges, with
     # room for a loaded CI machine
@@ -185,22 +191,25 @@ def test_text_overload_is_refused_in_the_server_before_tokenizing_and_the_encode
     assert over.latency.p99_ms < 2500, over.latency
 
 
-def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(server_factory, repository):
+def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(
+    server_factory, repository, toy_started
+):
     server = server_factory(repository, exit_timeout_s=10)
     regions = process.stub_shm_regions(server.pid)
     pid = server.pid
     load = faults.HttpLoad(server.http_url, "toy_double", [_double(1000.0)], timeout_s=15)
-    load.start(users=8, duration_s=4)
-    time.sleep(1.5)  # every user holds a request in flight on its keep-alive connection
+    load.start(users=8, duration_s=4)  # keeps sending while the server drains: not longer
+    wait_until(lambda: in_flight(server.metrics_url, "toy_double", toy_started) >= 8, 3.5,
+               "every user to hold a request in flight (queued or executing in toy_double)")
 
     stopping_at = time.monotonic()
     server.stop()
     stopped_after = time.monotonic() - stopping_at
     records = load.join(timeout_s=0)
 
-    in_flight = [r for r in records if r.start_s < stopping_at]
-    assert len(in_flight) >= 8
-    assert [r.error for r in in_flight if not r.ok] == []
+    sent_before_stop = [r for r in records if r.start_s < stopping_at]
+    assert len(sent_before_stop) >= 8
+    assert [r.error for r in sent_before_stop if not r.ok] == []
     assert stopped_after < 10, "drained well before the exit timeout"
     assert not process.is_alive(pid) and process.group_members(pid) == []
     assert [n for n in regions if (Path("/dev/shm") / n).exists()] == []
