@@ -1,0 +1,163 @@
+"""SLO-aware admission in the guards (``tools.serve.admission``), on a clock of the tests' own.
+
+The cap of a model's requests in flight (Little's law: mean latency target × throughput), the
+target following the measured P99, the per-model objective read from tritonserver's config API,
+and how the gRPC guard finds the model of a ``ModelInferRequest``. The guards with a real
+tritonserver behind them: ``test_the_guards_refuse_*`` below and tests/test_reliability_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tools.serve import admission
+from tools.serve.admission import LatencyLimit, SloAdmission, target_of
+from tools.serve.grpc_guard import infer_model
+from tools.serve.http_guard import Overloaded
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _serve(limit: LatencyLimit, clock: FakeClock, *, seconds: float, rate: float,
+           latency_s: float, ok: bool = True) -> int:
+    """Complete ``rate`` requests/s for ``seconds``, each after ``latency_s``; refused count."""
+    refused = 0
+    for _ in range(round(seconds * rate)):
+        clock.now += 1 / rate
+        if limit.acquire():
+            limit.release(clock.now - latency_s, ok)
+        else:
+            refused += 1
+    return refused
+
+
+def test_no_cap_until_completions_have_been_counted_for_a_while():
+    clock = FakeClock()
+    limit = LatencyLimit(0.6, clock)
+    assert all(limit.acquire() for _ in range(500)), "a cold burst is admitted whole"
+    for _ in range(500):
+        limit.release(clock.now, True)
+    clock.now += admission.RATE_TAU_S / 2
+    assert limit.cap() is None
+    clock.now += admission.RATE_TAU_S
+    assert limit.cap() is not None
+
+
+def test_the_cap_is_the_mean_latency_target_times_the_measured_throughput():
+    clock = FakeClock()
+    limit = LatencyLimit(0.6, clock)
+    _serve(limit, clock, seconds=3, rate=100, latency_s=0.3)
+    target = limit.target_s
+    assert limit.rate == pytest.approx(100, rel=0.05)
+    assert limit.cap() == pytest.approx(target * 100, rel=0.05)
+    held = 0
+    while limit.acquire():
+        held += 1
+    assert held == pytest.approx(target * 100, abs=2), "the next request over the cap is refused"
+
+
+def test_the_target_follows_the_measured_p99_within_its_bounds():
+    clock = FakeClock()
+    slow, fast = LatencyLimit(0.6, clock), LatencyLimit(0.6, clock)
+    start = slow.target_s
+    _serve(slow, clock, seconds=5, rate=100, latency_s=0.9)  # P99 1.5x the objective
+    assert slow.target_s < start
+    assert slow.target_s >= admission.MIN_SHARE * 0.6
+    _serve(fast, clock, seconds=5, rate=100, latency_s=0.1)
+    assert fast.target_s > start and fast.target_s <= 0.6, "grows, up to the objective"
+    for _ in range(20):
+        _serve(slow, clock, seconds=2, rate=100, latency_s=5.0)
+    assert slow.target_s == pytest.approx(admission.MIN_SHARE * 0.6)
+
+
+def test_a_growing_load_keeps_the_best_recent_rate_while_latency_is_on_target():
+    clock = FakeClock()
+    limit = LatencyLimit(0.6, clock)
+    _serve(limit, clock, seconds=3, rate=200, latency_s=0.1)
+    _serve(limit, clock, seconds=3, rate=20, latency_s=0.1)  # quiet again, fast answers
+    assert limit.rate == pytest.approx(20, rel=0.1)
+    assert limit.cap() > limit.target_s * 150, "room for a burst back to the rate it had"
+    _serve(limit, clock, seconds=3, rate=20, latency_s=2.0)  # slow now: the peak is forgotten
+    assert limit.peak == pytest.approx(limit.rate)
+
+
+def test_errors_free_their_place_but_do_not_count_as_throughput():
+    clock = FakeClock()
+    limit = LatencyLimit(0.6, clock)
+    _serve(limit, clock, seconds=3, rate=100, latency_s=0.3)
+    before = limit.rate
+    _serve(limit, clock, seconds=2, rate=100, latency_s=0.001, ok=False)
+    assert limit.in_flight == 0 and limit.rate < before / 2
+    assert limit.cap() >= admission.MIN_IN_FLIGHT
+
+
+def test_the_objective_is_read_from_the_model_config_parameter():
+    assert target_of({"parameters": {"admission_p99_ms": {"string_value": "600"}}}) == 600.0
+    assert target_of({"parameters": {"max_length": {"string_value": "256"}}}) is None
+    assert target_of({"name": "toy"}) is None
+    assert target_of({"parameters": {"admission_p99_ms": {"string_value": "soon"}}}) is None
+
+
+def test_slo_admission_caps_each_model_by_its_own_objective_and_admits_one_without():
+    clock = FakeClock()
+    configs = {"fast": {"parameters": {"admission_p99_ms": {"string_value": "100"}}},
+               "plain": {"name": "plain"}}
+    reads = []
+
+    async def read_config(port, model):
+        reads.append(model)
+        return configs[model]
+
+    async def scenario():
+        gate = SloAdmission(8000, Overloaded, clock, read_config=read_config)
+        assert gate.admit("fast") is None, "before its config is read: admitted"
+        await asyncio.sleep(0)
+        in_flight = []
+        for _ in range(300):  # one request every 10 ms, each answered after 50 ms: 100/s
+            clock.now += 0.01
+            while in_flight and in_flight[0][0] <= clock.now:
+                in_flight.pop(0)[1](200)
+            in_flight.append((clock.now + 0.05, gate.admit("fast")))
+        held = []
+        with pytest.raises(Overloaded) as refused:
+            for _ in range(1000):
+                held.append(gate.admit("fast"))
+        limit = gate.limits["fast"]
+        assert limit.rate == pytest.approx(100, rel=0.1)
+        assert limit.target_s > 0.075, "answers well within 100 ms: the target grew from 75 ms"
+        assert len(in_flight) + len(held) == pytest.approx(limit.target_s * 100, abs=1.5), \
+            "cap: target x 100/s"
+        assert refused.value.retry_after_s == pytest.approx(gate.limits["fast"].target_s)
+        assert "model 'fast' is over its latency target" in str(refused.value)
+        assert all(gate.admit("plain") is None for _ in range(1000)), "no objective: no cap"
+        await asyncio.sleep(0)
+        assert reads.count("fast") == 1 and reads.count("plain") == 1
+        clock.now += admission.CONFIG_TTL_S + 1
+        gate.admit("plain")
+        await asyncio.sleep(0)
+        assert reads.count("plain") == 2, "read again after CONFIG_TTL_S (a reload may change it)"
+
+    asyncio.run(scenario())
+
+
+def test_the_grpc_guard_finds_the_model_of_an_inference_request_only():
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="text_embedding", id="x")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1, 1])
+    request.raw_input_contents.append(b"a cat")
+    raw = request.SerializeToString()
+    assert infer_model(raw, complete=True) == "text_embedding"
+    assert infer_model(raw[:3], complete=False) is None, "too short to tell yet"
+    for other in (service_pb2.ModelMetadataRequest(name="text_embedding"),
+                  service_pb2.ModelReadyRequest(name="text_embedding", version="1"),
+                  service_pb2.ModelConfigRequest(name="text_embedding")):
+        assert infer_model(other.SerializeToString(), complete=True) is False, other
