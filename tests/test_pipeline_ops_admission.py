@@ -101,7 +101,7 @@ def test_the_p99_objective_gives_the_delay_budget_of_the_later_models_queue():
         {"admission_models": "a", "admission_max_pending": "64", "admission_p99_ms": "600"},
         "tok", environ={})
     assert settings.p99_s == 0.6
-    assert settings.delay_budget_s == pytest.approx(admission.DELAY_SHARE * 0.6)
+    assert settings.delay_budget_s == pytest.approx(admission.DRAIN_FACTOR * 0.6)
 
 
 def test_the_gate_counts_what_it_admits_and_reads_again_when_the_room_runs_out():
@@ -118,8 +118,8 @@ def test_the_gate_counts_what_it_admits_and_reads_again_when_the_room_runs_out()
 
 
 def test_by_littles_law_the_room_is_the_measured_rate_times_the_delay_budget():
-    # 0.6 s objective: the encoders' queue may hold 0.3 s of work
-    settings = AdmissionSettings(("minilm_encoder",), 64, p99_s=0.6)
+    # the encoders' queue may hold 0.3 s of work
+    settings = AdmissionSettings(("minilm_encoder",), 64, p99_s=0.3 / admission.DRAIN_FACTOR)
     clock = FakeClock()
     gate = _gate(settings, [_metrics(30, 1000), _metrics(30, 1100), _metrics(0, 1200),
                             _metrics(5, 1250)], clock)

@@ -7,7 +7,7 @@ many requests the later models already hold queued (Triton's real-time gauge
 ``nv_inference_pending_request_count``) and how fast they finish them (the counter
 ``nv_inference_request_success``) on the metrics endpoint, polled by a background thread. By
 Little's law their queue is worth ``pending / rate`` seconds; the gate keeps that under its delay
-budget (a share of the pipeline's P99 objective, ``admission_p99_ms``) and under
+budget (``DRAIN_FACTOR`` times the pipeline's P99 objective, ``admission_p99_ms``) and under
 ``admission_max_pending``. Without ``max_wait_s`` it refuses the excess at once with UNAVAILABLE
 (HTTP 503), before any tokenization. With it, a batch waits for room; the requests behind it
 then wait in Triton's own queue for this step, which refuses the excess in the server (refusing
@@ -41,9 +41,12 @@ DEFAULT_INTERVAL_S = 0.01
 # own queue refused a fifth of 3,500 req/s of short texts).
 MIN_READ_AGE_S = DEFAULT_INTERVAL_S
 IDLE_AFTER_S = 1.0  # no request for this long: stop reading the metrics until the next one
-# The later models' queue may hold this share of the P99 objective: the rest is left to this
-# step's queue and hold, to execution and to the way back. The guards' cap counts all of it.
-DELAY_SHARE = 0.5
+# The later models' queue may hold at most this many times the P99 objective of work: what
+# queues behind more is certain to be late. Not less: the gate bounds the backlog where no
+# guard runs (tritonserver alone: tests, tools bench, the NGC image), and closed-loop clients
+# there (60 users in tests/test_deploy_signal.py) wait on a slow, shared machine without being
+# refused; the guards keep the P99 itself (tools/serve/admission.py).
+DRAIN_FACTOR = 2.0
 RATE_TAU_S = 0.5  # time constant of the later models' measured rate
 _GAUGE = re.compile(r'^(nv_inference_pending_request_count|nv_inference_request_success)'
                     r'\{model="([^"]+)",[^}]*\}\s+(\S+)$', re.M)
@@ -91,12 +94,12 @@ class AdmissionSettings:
     metrics_url: str = DEFAULT_METRICS_URL
     interval_s: float = DEFAULT_INTERVAL_S
     max_wait_s: float = 0.0  # ``admission_max_wait_ms``: hold a batch this long for room
-    p99_s: float | None = None  # ``admission_p99_ms``: the delay budget is DELAY_SHARE of it
+    p99_s: float | None = None  # ``admission_p99_ms``: the delay budget is DRAIN_FACTOR x it
 
     @property
     def delay_budget_s(self) -> float | None:
         """How long the later models' queue may take to drain, or None (no objective)."""
-        return None if self.p99_s is None else DELAY_SHARE * self.p99_s
+        return None if self.p99_s is None else DRAIN_FACTOR * self.p99_s
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], model: str,
