@@ -161,3 +161,118 @@ def test_the_grpc_guard_finds_the_model_of_an_inference_request_only():
                   service_pb2.ModelReadyRequest(name="text_embedding", version="1"),
                   service_pb2.ModelConfigRequest(name="text_embedding")):
         assert infer_model(other.SerializeToString(), complete=True) is False, other
+
+
+# ---------------------------------------------------------------- the guards before tritonserver
+
+_CAPPED = """name: "toy_capped"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+        { name: "DELAY_MS" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+dynamic_batching { max_queue_delay_microseconds: 1000 }
+parameters { key: "admission_p99_ms" value { string_value: "300" } }
+"""
+DELAY_MS = 50.0  # per batch of up to 8, two instances: ~320 req/s
+
+
+@pytest.fixture
+def capped(server_factory, toy_repository, tmp_path):
+    """The toy repository plus ``toy_capped`` (no queue policy, a 300 ms objective), served
+    behind both guards."""
+    import shutil
+
+    from tools.serve.grpc_guard import MAX_MESSAGE_BYTES
+    from tools.serve.http_guard import GuardLimits
+
+    repo = tmp_path / "repo"
+    shutil.copytree(toy_repository, repo, ignore=shutil.ignore_patterns("__pycache__", "README.md"))
+    shutil.copytree(repo / "toy_double", repo / "toy_capped")
+    (repo / "toy_capped" / "config.pbtxt").write_text(_CAPPED)
+    return server_factory(repo, http_guard=GuardLimits(), grpc_guard=MAX_MESSAGE_BYTES)
+
+
+def _body(values: int = 4) -> dict:
+    return {"inputs": [{"name": "INPUT0", "shape": [1, values], "datatype": "FP32",
+                        "data": list(range(values))},
+                       {"name": "DELAY_MS", "shape": [1, 1], "datatype": "FP32",
+                        "data": [DELAY_MS]}]}
+
+
+@pytest.mark.server
+def test_the_http_guard_refuses_over_the_cap_at_once_with_retry_after(capped):
+    from tools.serve import faults
+    from tools.stats import latency_summary
+
+    warm = faults.HttpLoad(capped.http_url, "toy_capped", [_body()], timeout_s=10)
+    warm.run(users=8, duration_s=2)  # answered within the objective: measured, not capped
+    assert warm.records and all(r.ok for r in warm.records)
+    load = faults.HttpLoad(capped.http_url, "toy_capped", [_body()], timeout_s=10)
+    load.run(rate=1500, duration_s=3, connections=256)  # ~5x what two instances answer
+    refused = [r for r in load.records if not r.ok]
+    accepted = latency_summary(r.latency_ms for r in load.records[len(load.records) // 3:] if r.ok)
+
+    assert refused and all("HTTP 503" in r.error and "over its latency target" in r.error
+                           for r in refused), {r.error for r in refused}
+    assert latency_summary(r.latency_ms for r in refused).p50_ms < 50, "refused at once"
+    assert accepted.p99_ms < 2 * 300, accepted
+    request = faults.infer_request(capped.http_url, "toy_capped", _body())
+    heads = []
+    load = faults.HttpLoad(capped.http_url, "toy_capped", [_body()], timeout_s=10)
+    load.start(rate=1500, duration_s=2, connections=256)
+    try:
+        import socket
+
+        host, _, port = capped.http_url.rpartition(":")
+        for _ in range(100):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(request)
+                head = sock.recv(65536).partition(b"\r\n\r\n")[0]
+            if head.startswith(b"HTTP/1.1 503"):
+                heads.append(head)
+                break
+    finally:
+        load.join()
+    assert heads and b"Retry-After: 1" in heads[0].split(b"\r\n"), heads
+
+
+@pytest.mark.server
+def test_the_grpc_guard_refuses_over_the_cap_with_unavailable_and_retry_pushback(capped):
+    import concurrent.futures
+
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="toy_capped")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request.inputs.add(name="DELAY_MS", datatype="FP32", shape=[1, 1])
+    request.raw_input_contents.extend([np.arange(4, dtype=np.float32).tobytes(),
+                                       np.array([DELAY_MS], np.float32).tobytes()])
+    raw = request.SerializeToString()
+    with grpc.insecure_channel(capped.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+        def call(_):
+            try:
+                return infer.with_call(raw, timeout=30)[1].code(), {}
+            except grpc.RpcError as exc:
+                return exc.code(), dict(exc.trailing_metadata() or ()), exc.details()
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:  # measured, within the objective
+            warm = list(pool.map(call, range(200)))
+        assert {r[0] for r in warm} == {grpc.StatusCode.OK}, warm[:3]
+        with concurrent.futures.ThreadPoolExecutor(200) as pool:
+            burst = list(pool.map(call, range(600)))
+        other = channel.unary_unary("/inference.GRPCInferenceService/ModelMetadata")(
+            service_pb2.ModelMetadataRequest(name="toy_capped").SerializeToString(), timeout=10)
+    refused = [r for r in burst if r[0] != grpc.StatusCode.OK]
+    assert refused, "200 calls at once against a cap of a few dozen"
+    assert {r[0] for r in refused} == {grpc.StatusCode.UNAVAILABLE}, refused[:3]
+    assert all("over its latency target" in r[2] for r in refused), refused[:3]
+    pushback = refused[0][1]
+    assert int(pushback["grpc-retry-pushback-ms"]) > 0 and pushback["retry-after"] == "1", pushback
+    # a request to the same model that is not an inference passes (metadata, ready, config)
+    assert service_pb2.ModelMetadataResponse.FromString(other).name == "toy_capped"
