@@ -21,10 +21,13 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_FIND_LINKS=/wheels \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
-COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
+# Every package from docker/requirements-cpu.lock, each file checked against its sha256
+# (scripts/lock-requirements.sh): nvidia-pytriton and what the Python-backend models import.
+COPY docker/requirements-cpu.lock /tmp/requirements-cpu.lock
 RUN --mount=type=bind,source=build/images/wheelhouse,target=/wheels \
     python3 -m venv /opt/venv \
- && pip install --quiet -c /tmp/constraints-cpu.txt nvidia-pytriton==0.7.0 "numpy<2" \
+ && pip install --quiet --require-hashes --no-deps -r /tmp/requirements-cpu.lock \
+ && rm /tmp/requirements-cpu.lock \
  && server="$(python3 -c 'import pathlib, pytriton; print(pathlib.Path(pytriton.__file__).parent / "tritonserver")')" \
  && version="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
  && mkdir -p /opt/tritonserver/bin /opt/tritonserver/libexec /opt/tritonserver/backends/python \
@@ -39,10 +42,7 @@ COPY docker/tritonserver-cpu.sh /opt/tritonserver/bin/tritonserver
 ENV PATH=/opt/tritonserver/bin:${PATH}
 
 FROM tritonserver AS serve
-COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
-RUN --mount=type=bind,source=build/images/wheelhouse,target=/wheels \
-    pip install --quiet -c /tmp/constraints-cpu.txt -r /tmp/requirements-serve.txt \
- && rm /tmp/requirements-serve.txt
+# (The serving packages came with the lock above.)
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service. Keep these COPY lines the same as
 # triton.Dockerfile's serve stage (tests/test_compose_cpu.py checks it).
@@ -50,8 +50,10 @@ COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/man
      /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/
+COPY tools/serve/probes.py tools/serve/grpc_guard.py /opt/triton-forge/tools/serve/
+COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
-     docker/healthcheck_probes.json \
+     docker/healthcheck_probes.json docker/verify_repository.py \
      /opt/triton-forge/docker/
 
 FROM serve AS builder
@@ -59,6 +61,7 @@ WORKDIR /opt/triton-forge
 # Dependencies first (a layer that survives source changes), then the project, editable, so
 # `tools` finds backends/ here; CPU torch pinned by scripts/constraints-cpu.txt as in CI.
 COPY pyproject.toml /tmp/pyproject.toml
+COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
 RUN --mount=type=bind,source=build/images/wheelhouse,target=/wheels \
     python3 -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["load"]))' >/tmp/requirements.txt \
  && pip install --quiet -c /tmp/constraints-cpu.txt -r /tmp/requirements.txt "setuptools>=77" wheel \

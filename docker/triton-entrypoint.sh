@@ -26,6 +26,15 @@ case "${TRITON_WATCHDOG:-on}" in
     on) watchdog="" ;;
     *) echo "TRITON_WATCHDOG must be on, recover or off, got '${TRITON_WATCHDOG}'" >&2; exit 2 ;;
 esac
-# shellcheck disable=SC2086  # $watchdog is one flag or none
+# The retry of a model past its restart budget: TRITON_RETRY_BACKOFF (first delay, s) and
+# TRITON_RETRY_BACKOFF_MAX (longest, s), passed only when set (compose and the pod set them).
+retry=""
+[ -z "${TRITON_RETRY_BACKOFF:-}" ] || retry="--retry-backoff ${TRITON_RETRY_BACKOFF}"
+[ -z "${TRITON_RETRY_BACKOFF_MAX:-}" ] || retry="${retry} --retry-backoff-max ${TRITON_RETRY_BACKOFF_MAX}"
+if [ -n "$retry" ] && ! grep -q -- '"--retry-backoff"' "${here}/triton_supervisor.py"; then
+    echo "triton-entrypoint: TRITON_RETRY_BACKOFF* set, but this supervisor has no --retry-backoff: ignored" >&2
+    retry=""
+fi
+# shellcheck disable=SC2086  # $watchdog and $retry are flags or nothing
 exec python3 "${here}/triton_supervisor.py" --repository "${repository}" \
-    --probes "${here}/healthcheck_probes.json" --recover-models ${watchdog} -- "$@"
+    --probes "${here}/healthcheck_probes.json" --recover-models ${watchdog} ${retry} -- "$@"

@@ -12,16 +12,26 @@ FROM ${TRITON_IMAGE} AS serve
 ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY docker/requirements-serve.txt /tmp/requirements-serve.txt
-RUN python3 -m pip install -r /tmp/requirements-serve.txt && rm /tmp/requirements-serve.txt
+# tini: PID 1 of the Kubernetes pod (reaps orphans, forwards signals); busybox-static: the one
+# binary of the model-repository artifact (tools deploy package copies it from this image).
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        tini busybox-static \
+ && rm -rf /var/lib/apt/lists/*
+# Exactly the files of docker/requirements-serve.lock, each checked against its sha256
+# (scripts/lock-requirements.sh).
+COPY docker/requirements-serve.lock /tmp/requirements-serve.lock
+RUN python3 -m pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock \
+ && rm /tmp/requirements-serve.lock
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service.
 COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
      /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/
+COPY tools/serve/probes.py tools/serve/grpc_guard.py /opt/triton-forge/tools/serve/
+COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
-     docker/healthcheck_probes.json \
+     docker/healthcheck_probes.json docker/verify_repository.py \
      /opt/triton-forge/docker/
 
 FROM serve AS builder

@@ -5,8 +5,14 @@ Per-model recovery (``--recover-models``, the entry point's default): with the s
 ``--model-control-mode=explicit`` and its admin key in ``TRITON_ADMIN_KEY``, a dead stub's model
 is reloaded within about a second while every other model keeps serving, as ``tools serve`` does
 (``tools/serve/model_control.py``); a model that dies more than ``--model-restarts`` times within
-``--restart-window`` seconds is unloaded with its ensembles and reported not ready. Without
-explicit model control or a key, a dead stub stops the server at once.
+``--restart-window`` seconds is unloaded with its ensembles, reported not ready, and loaded
+again after ``--retry-backoff`` seconds, doubling while retries fail, up to
+``--retry-backoff-max``. Without explicit model control or a key, a dead stub stops the server
+at once.
+
+The models' state (ready, recovering, backoff, down) and restart counters are served on
+``--forge-metrics-port`` (8003, ``$FORGE_METRICS_PORT``), on the address of Triton's metrics:
+``GET /metrics`` (Prometheus text) and ``GET /status`` (JSON).
 
 Compose restarts a container that exits (restart: unless-stopped) but not one that is merely
 unhealthy: after ``--failures`` failed checks in a row (tools/serve/health.py, as the
@@ -29,9 +35,16 @@ from tools import process  # noqa: E402
 from tools.errors import UserInputError  # noqa: E402
 from tools.serve import health  # noqa: E402
 from tools.serve.model_control import ModelControl, watch  # noqa: E402
-from tools.serve.recovery import ModelRecovery, RestartBudget  # noqa: E402
+from tools.serve.recovery import (  # noqa: E402
+    DEFAULT_METRICS_PORT,
+    Backoff,
+    ModelRecovery,
+    RestartBudget,
+    StatusEndpoint,
+)
 
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+METRICS_PORT_ENV = "FORGE_METRICS_PORT"
 
 
 def _log(message: str) -> None:
@@ -56,6 +69,36 @@ def _recovery_blocker(command: list[str]) -> str | None:
     return None
 
 
+def _option(command: list[str], flag: str) -> str | None:
+    """The value of ``--flag=value`` or ``--flag value`` in ``command`` (the last one given)."""
+    found = None
+    for i, arg in enumerate(command):
+        if arg.startswith(f"{flag}="):
+            found = arg.split("=", 1)[1]
+        elif arg == flag and i + 1 < len(command):
+            found = command[i + 1]
+    return found
+
+
+def metrics_address(command: list[str]) -> str:
+    """Where tritonserver ``command`` serves its metrics: ``--metrics-address``, else its
+    ``--http-address``, else every interface (Triton's defaults)."""
+    return _option(command, "--metrics-address") or _option(command, "--http-address") or "0.0.0.0"
+
+
+def _serve_status(recovery: ModelRecovery, command: list[str], port: int) -> StatusEndpoint | None:
+    """Start the status endpoint beside Triton's metrics; None (logged) when it cannot listen."""
+    endpoint = StatusEndpoint(recovery.status, metrics_address(command), port)
+    try:
+        endpoint.start()
+    except OSError as exc:
+        _log(f"model status endpoint not started: cannot listen on "
+             f"{metrics_address(command)}:{port}: {exc.strerror or exc}")
+        return None
+    _log(f"model status on {endpoint.url}/metrics and /status")
+    return endpoint
+
+
 def supervise(command: list[str], args: argparse.Namespace) -> int:
     """Run ``command`` until it exits or is signalled; reload models whose stub died; stop it
     when ``args.failures`` checks in a row fail or (without recovery) a stub dies.
@@ -70,21 +113,27 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
         _log(str(exc))
         return 2
     blocker = _recovery_blocker(command) if args.recover_models else "--recover-models is off"
-    server = process.start(command, new_session=False, stdin=None)
+    server: subprocess.Popen | None = None
     stopping = False
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
-        server.send_signal(signum)
+        if server is not None:
+            server.send_signal(signum)
+
+    # before the server starts: a signal in between must reach it, not end this process alone
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    server = process.start(command, new_session=False, stdin=None)
+    if stopping:
+        server.send_signal(signal.SIGTERM)
 
     def exit_code() -> int | None:
         # Once stopping, wait for the exit: nothing is reloaded while Triton unloads its models.
         code = server.wait() if stopping else server.poll()
         return None if code is None else (code if code >= 0 else 128 - code)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
     started = time.monotonic()
     while True:  # until every model answers once (looked at every 2 s at most: recovery starts then)
         try:
@@ -103,17 +152,25 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
             return 1
     control = ModelControl(args.url.removeprefix("http://").rstrip("/"), args.admin_header,
                            os.environ.get(ADMIN_KEY_ENV, ""), server.pid)
+    models = health.repository_models(args.repository)
     recovery = None if blocker else ModelRecovery(
-        control, RestartBudget(args.model_restarts, args.restart_window))
+        control, RestartBudget(args.model_restarts, args.restart_window),
+        backoff=Backoff(args.retry_backoff, max_s=args.retry_backoff_max), models=models)
     _log(f"all models of {args.repository} ready; "
          + (f"per-model recovery on (budget {args.model_restarts} reloads in "
-            f"{args.restart_window:g}s)" if recovery else f"per-model recovery off: {blocker}")
+            f"{args.restart_window:g}s, then retries after {args.retry_backoff:g}s doubling "
+            f"to {args.retry_backoff_max:g}s)" if recovery else f"per-model recovery off: {blocker}")
          + (f"; checking every {args.interval:g}s" if not args.no_restart else ""))
-    end = watch(control, exit_code, health.repository_models(args.repository),
-                control.stub_processes(), interval_s=min(1.0, args.interval),
-                probes=None if args.no_restart else probes,
-                probe_interval_s=args.interval, probe_failures=args.failures,
-                recovery=recovery, on_event=lambda event: _log(event.describe()))
+    endpoint = _serve_status(recovery, command, args.forge_metrics_port) if recovery else None
+    try:
+        end = watch(control, exit_code, models, control.stub_processes(),
+                    interval_s=min(1.0, args.interval),
+                    probes=None if args.no_restart else probes,
+                    probe_interval_s=args.interval, probe_failures=args.failures,
+                    recovery=recovery, on_event=lambda event: _log(event.describe()))
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
     if end.exit_code is not None:
         return end.exit_code
     _log(f"{end.reason}: stopping tritonserver so the container restarts")
@@ -141,6 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-restarts", type=int, default=3,
                         help="reloads of one model within --restart-window before it is given up")
     parser.add_argument("--restart-window", type=float, default=120.0)
+    parser.add_argument("--retry-backoff", type=float, default=5.0,
+                        help="seconds before the first retry of a model past its budget "
+                             "(doubling while retries fail)")
+    parser.add_argument("--retry-backoff-max", type=float, default=300.0,
+                        help="the longest delay between retries, in seconds")
+    parser.add_argument("--forge-metrics-port", type=int,
+                        default=int(os.environ.get(METRICS_PORT_ENV) or DEFAULT_METRICS_PORT),
+                        help=f"port of the model status endpoint (/metrics, /status), on the "
+                             f"address of Triton's metrics (0: a free one) "
+                             f"[default: ${METRICS_PORT_ENV}, else {DEFAULT_METRICS_PORT}]")
     parser.add_argument("--no-restart", action="store_true",
                         help="never stop the server for failed checks (the kubelet's probes do)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- tritonserver ...")

@@ -7,13 +7,14 @@ cd "$(dirname "$0")/.."
 skip() { echo "compose smoke SKIPPED: $*"; exit 0; }
 
 if ! { command -v docker >/dev/null && timeout 15 docker info >/dev/null 2>&1; }; then
-  if ! command -v podman >/dev/null || ! command -v mmdebstrap >/dev/null; then
+  # catatonit: podman's pause image (kube play) and `init: true`; promtool: the rule tests.
+  if ! command -v podman >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v catatonit >/dev/null; then
     [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
       || skip "no Docker engine, and podman cannot be installed here (needs root and apt-get)"
-    echo "installing podman, runc, mmdebstrap (Debian packages)"
+    echo "installing podman, runc, catatonit, mmdebstrap (Debian packages)"
     timeout 300 apt-get update -qq >/dev/null 2>&1 || skip "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq podman runc mmdebstrap >/dev/null 2>&1 \
-      || skip "apt-get install podman runc mmdebstrap failed"
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq podman runc catatonit mmdebstrap >/dev/null 2>&1 \
+      || skip "apt-get install podman runc catatonit mmdebstrap failed"
   fi
   if ! command -v podman-compose >/dev/null && [ ! -x .cache/compose-venv/bin/podman-compose ]; then
     python3 -m venv .cache/compose-venv && timeout 300 .cache/compose-venv/bin/pip install -q podman-compose==1.6.0 \

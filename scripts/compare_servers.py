@@ -4,7 +4,8 @@ usage: python scripts/compare_servers.py [--repository BUILT] [--concurrency 32]
                                          [--duration 20] [--warmup 5] [--servers ...] [--no-grpc]
 
 Every server gets the same texts (loadtests/data/texts.txt, sent in order, cycling), one text per
-request, from the same closed-loop asyncio load generator in this process at a fixed concurrency:
+request, from the same closed loop of the load engine (``tools.load``) in this process at a fixed
+concurrency:
 
 (a) ``triton``: this project's ``text_embedding`` ensemble (Python tokenizer -> Python-backend
     ONNX Runtime encoder) on the embedded tritonserver (``tools.serve.server.EmbeddedServer``),
@@ -21,14 +22,17 @@ request, from the same closed-loop asyncio load generator in this process at a f
 
 HTTP: both Triton servers get the identical KServe v2 JSON body (``TEXT`` BYTES ``[1, 1]``) and
 answer ``EMBEDDING`` as JSON floats; FastAPI gets ``{"text": ...}`` and answers
-``{"embedding": [...]}``. Every answer is parsed and checked to hold 384 floats. gRPC (both
-Triton servers, ``tritonclient.grpc.aio``, binary tensors) is measured too unless ``--no-grpc``.
+``{"embedding": [...]}``, all over the engine's raw keep-alive HTTP sender (bodies prepared in
+advance). Every answer is parsed and checked to hold 384 floats (a wrong one counts as failed).
+gRPC (both Triton servers, ``tritonclient.grpc.aio``, binary tensors) is measured too unless
+``--no-grpc``.
 
 Figures follow ``tools.stats``: a request counts when it started after ``--warmup`` and completed
 inside the measured window; throughput is the successful ones divided by the window's length;
 P50/P99 are nearest-rank percentiles of their exact latencies; failed requests are counted apart.
-Each run is bounded by ``--duration`` and ``--max-requests``, each request by
-``--request-timeout``. ``--rounds N`` repeats everything with the order reversed every
+Each run is bounded by ``--duration`` and ``--max-requests`` (at most that many requests are
+sent in the window, which then ends when the last of them completes), each request by
+``--request-timeout``; the mean executed batch is Triton's over the same window. ``--rounds N`` repeats everything with the order reversed every
 other round and adds medians. All servers bind 127.0.0.1 on free ports and run in their own
 process groups, killed at the end. Writes ``<output>/compare.json`` and prints the table.
 """
@@ -49,12 +53,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tools import stats
+from tools import load, stats
+from tools.load import Point
 from tools.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,33 +77,33 @@ PYTRITON_TOKEN_HEADER = "triton-access-token"  # texts sent to every server befo
 
 
 @dataclass
-class RunResult:
-    """One server x protocol at one concurrency: throughput and exact-latency percentiles."""
+class Row:
+    """One server x protocol at one concurrency in the table: the engine's ``Point`` and what
+    the comparison adds to it (the server, the ratio to the best, the round)."""
 
     server: str
-    protocol: str
-    concurrency: int
-    requests: int
-    errors: int
-    seconds: float
-    throughput: float
-    p50_ms: float | None
-    p99_ms: float | None
+    point: Point
     ratio: float | None = None  # throughput / best throughput of the run
     mean_batch: float | None = None  # Triton servers: mean executed batch of the compute model
-    load_before: float | None = None  # 1-minute load average when the run started
-    load_after: float | None = None
     round: int = 1  # 0 for a median over rounds
-    first_error: str = ""
     notes: str = ""
 
+    @property
+    def throughput(self) -> float:
+        """The point's throughput (successful requests per second of the window)."""
+        return self.point.throughput
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON."""
-        return asdict(self)
+        """Plain dict for JSON: the point's figures and the comparison's fields."""
+        load_average = self.point.meters.get("load_average") or {}
+        return {"server": self.server, **self.point.to_dict(), "ratio": self.ratio,
+                "mean_batch": self.mean_batch, "load_before": load_average.get("before"),
+                "load_after": load_average.get("after"), "round": self.round,
+                "notes": self.notes}
 
 
 def summarise(server: str, protocol: str, concurrency: int, records: Sequence[stats.Timed],
-              window: stats.Window) -> RunResult:
+              window: stats.Window) -> Row:
     """Throughput and P50/P99 of one run's raw records under ``tools.stats``' window rule.
 
     Args:
@@ -109,19 +114,19 @@ def summarise(server: str, protocol: str, concurrency: int, records: Sequence[st
         window: The measured window, on the records' clock.
 
     Returns:
-        ``requests`` are the successful counted requests, ``errors`` the failed ones, and
-        throughput is ``requests`` over the window's length.
+        The row of a ``Point`` whose ``requests`` are the successful counted requests,
+        ``errors`` the failed ones, and throughput ``requests`` over the window's length.
 
     Raises:
         ValueError: the window is empty.
     """
     if window.length_s <= 0:
         raise ValueError(f"{server} {protocol}: measured window of {window.length_s} s")
-    figures = stats.summarize(records, window).point_figures()
-    return RunResult(server=server, protocol=protocol, concurrency=concurrency, **figures)
+    return Row(server, Point.from_records(records, window, model=MODEL, protocol=protocol,
+                                          concurrency=concurrency))
 
 
-def add_ratios(results: Sequence[RunResult]) -> RunResult | None:
+def add_ratios(results: Sequence[Row]) -> Row | None:
     """Set each result's ratio to the best throughput of the run; return the best (or None)."""
     if not results:
         return None
@@ -131,7 +136,7 @@ def add_ratios(results: Sequence[RunResult]) -> RunResult | None:
     return best
 
 
-def format_table(results: Sequence[RunResult]) -> str:
+def format_table(results: Sequence[Row]) -> str:
     """The side-by-side table: server, protocol, concurrency, req/s, P50, P99, ratio to best."""
 
     def fmt(value: float | None, spec: str) -> str:
@@ -141,10 +146,11 @@ def format_table(results: Sequence[RunResult]) -> str:
               f"{'P99 ms':>8} {'errors':>6} {'batch':>6} {'ratio':>6}")
     lines = [header, "-" * len(header)]
     for r in results:
+        p = r.point
         lines.append(
-            f"{LABELS.get(r.server, r.server):<34} {r.protocol:<9} {r.concurrency:>5} "
-            f"{r.throughput:>8.1f} {fmt(r.p50_ms, '.1f'):>8} {fmt(r.p99_ms, '.1f'):>8} "
-            f"{r.errors:>6} {fmt(r.mean_batch, '.1f'):>6} {fmt(r.ratio, '.2f'):>6}"
+            f"{LABELS.get(r.server, r.server):<34} {p.protocol:<9} {p.concurrency:>5} "
+            f"{p.throughput:>8.1f} {fmt(p.p50_ms, '.1f'):>8} {fmt(p.p99_ms, '.1f'):>8} "
+            f"{p.errors:>6} {fmt(r.mean_batch, '.1f'):>6} {fmt(r.ratio, '.2f'):>6}"
         )
     lines.append("ratio = req/s over the best req/s in this table; batch = mean executed batch of "
                  "the model that runs ONNX Runtime (Triton statistics; '-' for FastAPI)")
@@ -439,51 +445,7 @@ def child_main(argv: Sequence[str]) -> None:
     (serve_pytriton if args.serve == "pytriton" else serve_fastapi)(args)
 
 
-# ------------------------------------------------------------------------ the load generator
-
-
-Sender = Callable[[int], Awaitable[list[float]]]  # text index -> embedding (raises on failure)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
-
-
-async def closed_loop(send: Sender, n_texts: int, concurrency: int, warmup_s: float,
-                      duration_s: float, max_requests: int
-                      ) -> tuple[list[stats.Record], stats.Window]:
-    """``concurrency`` workers, each sending the next text as soon as its last one returned.
-
-    Returns every request's raw record (``start_s`` in seconds from the loop's start, warm-up
-    included, in completion order) and the measured window ``[warmup_s, warmup_s + duration_s]``,
-    ended early when ``max_requests`` successful requests counted in it (``tools.stats`` rule).
-    """
-    records: list[stats.Record] = []
-    counter = iter(range(10**12))
-    start = time.perf_counter()
-    window = stats.Window(warmup_s, warmup_s + duration_s)
-    counted = 0
-
-    async def worker() -> None:
-        nonlocal window, counted
-        while time.perf_counter() - start < window.end_s:
-            index = next(counter) % n_texts
-            t0 = time.perf_counter()
-            try:
-                await send(index)
-                error = ""
-            except Exception as exc:  # noqa: BLE001 - counted; the first is reported
-                error = _one_line(exc)
-            latency_ms = (time.perf_counter() - t0) * 1000.0
-            record = stats.Record(t0 - start, latency_ms, not error, error)
-            records.append(record)
-            if record.ok and window.counts(record):
-                counted += 1
-                if counted >= max_requests:  # the count bound ends the window here
-                    window = stats.Window(warmup_s, stats.end_s(record))
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return records, window
+# ------------------------------------------------------------------------ the load (tools.load)
 
 
 def _check_embedding(values: Any) -> list[float]:
@@ -518,104 +480,64 @@ def parse_http_answer(server: str, body: bytes) -> list[float]:
     return _check_embedding(outputs["EMBEDDING"].get("data"))
 
 
-@contextlib.asynccontextmanager
-async def http_sender(server: str, base_url: str, texts: Sequence[str], concurrency: int,
-                      timeout_s: float):
-    """aiohttp, keep-alive pool of ``concurrency`` connections, bodies prepared in advance."""
-    import aiohttp
+def _grpc_embedding(result: Any) -> list[float]:
+    return _check_embedding(result.as_numpy("EMBEDDING")[0].tolist())
 
-    bodies = http_bodies(server, texts)
-    url = base_url + http_path(server)
-    headers = {"Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
 
-        async def send(index: int) -> list[float]:
-            async with session.post(url, data=bodies[index], headers=headers) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"HTTP {resp.status}: {body[:160].decode(errors='replace')}")
+def load_for(server: str, protocol: str, endpoint: str, texts: Sequence[str],
+             timeout_s: float) -> tuple[list[load.Request], load.Sender, Callable[[Any], Any]]:
+    """The requests, the sender and the answer's parser of one server and protocol.
+
+    HTTP: the raw keep-alive sender with the prepared JSON bodies (the same client for every
+    server); gRPC: ``tritonclient.grpc.aio`` with binary tensors. Every answer is checked to
+    hold 384 floats (a wrong one counts as failed).
+    """
+    if protocol == "http":
+        requests = [load.Request.json(MODEL, body, path=http_path(server))
+                    for body in http_bodies(server, texts)]
+
+        def parse(body: bytes) -> list[float]:
             return parse_http_answer(server, body)
 
-        yield send
+        return requests, load.RawHttp(endpoint, timeout_s=timeout_s, check=parse), parse
+    requests = load.text_requests(MODEL, texts, outputs=("EMBEDDING",))
+    sender = load.TritonGrpc(endpoint, timeout_s=timeout_s, check=_grpc_embedding)
+    return requests, sender, _grpc_embedding
 
 
-@contextlib.asynccontextmanager
-async def grpc_sender(url: str, texts: Sequence[str], timeout_s: float):
-    """tritonclient.grpc.aio, one channel, binary tensors (the same for both Triton servers)."""
-    import numpy as np
-    import tritonclient.grpc.aio as grpcclient
-
-    prepared = []
-    for text in texts:
-        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
-        prepared.append([item])
-    outputs = [grpcclient.InferRequestedOutput("EMBEDDING")]
-    client = grpcclient.InferenceServerClient(url)
+async def probe(sender: load.Sender, requests: Sequence[load.Request],
+                parse: Callable[[Any], Any]) -> list[list[float]]:
+    """The embeddings of ``requests``, sent one at a time (to compare the servers' answers)."""
+    prepared = [sender.prepare(r) for r in requests]
+    await sender.open(1)
     try:
-
-        async def send(index: int) -> list[float]:
-            result = await client.infer(MODEL, prepared[index], outputs=outputs,
-                                        client_timeout=timeout_s)
-            return _check_embedding(result.as_numpy("EMBEDDING")[0].tolist())
-
-        yield send
+        return [parse(await sender.send(p)) for p in prepared]
     finally:
-        await client.close()
-
-
-async def _measure(make_sender: Callable[[], Any], server: str, protocol: str,
-                   args: argparse.Namespace, n_texts: int) -> tuple[RunResult, list[list[float]]]:
-    async with make_sender() as send:
-        probes = [await send(i) for i in range(min(PROBE_TEXTS, n_texts))]
-        bound = args.warmup + args.duration + args.request_timeout + 30
-        records, window = await asyncio.wait_for(
-            closed_loop(send, n_texts, args.concurrency, args.warmup, args.duration,
-                        args.max_requests), timeout=bound)
-    return summarise(server, protocol, args.concurrency, records, window), probes
-
-
-def fetch_stats(url: str, headers: dict[str, str]) -> dict[str, Any]:
-    """Triton's ``/v2/models/stats`` over HTTP, parsed into counters per model."""
-    from tools.loadtest import triton_stats
-
-    request = urllib.request.Request(f"http://{url}/v2/models/stats", headers=headers)
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return triton_stats.parse_statistics(json.loads(resp.read()))
+        await sender.close()
 
 
 def run_point(server: str, protocol: str, endpoint: str, texts: Sequence[str],
               args: argparse.Namespace, stats_url: str | None = None,
               stats_model: str | None = None, stats_headers: dict[str, str] | None = None,
-              ) -> tuple[RunResult, list[list[float]]]:
-    """One bounded run against one server; Triton statistics give the mean executed batch."""
-    from tools.loadtest import triton_stats
-
-    if protocol == "http":
-        def make() -> Any:
-            return http_sender(server, f"http://{endpoint}", texts, args.concurrency,
-                               args.request_timeout)
-    else:
-        def make() -> Any:
-            return grpc_sender(endpoint, texts, args.request_timeout)
-
-    before = fetch_stats(stats_url, stats_headers or {}) if stats_url else None
-    load_before = os.getloadavg()[0]
+              ) -> tuple[Row, list[list[float]]]:
+    """One bounded run against one server; Triton statistics over its window give the mean
+    executed batch of ``stats_model``."""
+    requests, sender, parse = load_for(server, protocol, endpoint, texts, args.request_timeout)
+    probes = asyncio.run(probe(sender, requests[:PROBE_TEXTS], parse))
+    meters: list[load.Meter] = [load.LoadAverage()]
+    if stats_url and stats_model:
+        meters.append(load.TritonStats(stats_url, [stats_model], stats_headers))
     print(f"  {server} {protocol} c={args.concurrency}: {args.warmup:g} s warm-up + "
           f"{args.duration:g} s ...", file=sys.stderr, flush=True)
-    result, probes = asyncio.run(_measure(make, server, protocol, args, len(texts)))
-    result.load_before, result.load_after = load_before, os.getloadavg()[0]
-    if stats_url and stats_model:
-        after = fetch_stats(stats_url, stats_headers or {})
-        win = triton_stats.window(before, after).get(stats_model)
-        result.mean_batch = win.mean_batch if win else None  # warm-up included
-    print(f"    {result.throughput:.1f} req/s, P50 {result.p50_ms or float('nan'):.1f} ms, "
-          f"P99 {result.p99_ms or float('nan'):.1f} ms, errors {result.errors}"
-          f"{' (' + result.first_error + ')' if result.first_error else ''}",
+    point = load.run(requests, sender, load.ClosedLoop(args.concurrency), warmup_s=args.warmup,
+                     duration_s=args.duration, max_requests=args.max_requests, meters=meters)
+    compute = point.models.get(stats_model) if stats_model else None
+    row = Row(server, point, mean_batch=compute.mean_batch if compute else None)
+    print(f"    {point.throughput:.1f} req/s, P50 {point.p50_ms or float('nan'):.1f} ms, "
+          f"P99 {point.p99_ms or float('nan'):.1f} ms, errors {point.errors}"
+          f"{' (' + point.first_error + ')' if point.first_error else ''}",
           file=sys.stderr, flush=True)
-    return result, probes
+    return row, probes
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -678,7 +600,7 @@ def _max_abs_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) ->
 
 def measure_server(server: str, args: argparse.Namespace, repository: Path,
                    setup: ComputeSetup, tokenizer_file: Path, texts: Sequence[str],
-                   probes: dict[str, list[list[float]]]) -> list[RunResult]:
+                   probes: dict[str, list[list[float]]]) -> list[Row]:
     """Start one server, measure it over each protocol it speaks, stop it."""
     from tools.serve.server import EmbeddedServer
 
@@ -732,25 +654,26 @@ def measure_server(server: str, args: argparse.Namespace, repository: Path,
     return results
 
 
-def median_results(results: Sequence[RunResult]) -> list[RunResult]:
+def median_results(results: Sequence[Row]) -> list[Row]:
     """Per server and protocol: the median req/s, P50 and P99 over rounds, errors summed."""
-    groups: dict[tuple[str, str], list[RunResult]] = {}
+    groups: dict[tuple[str, str], list[Row]] = {}
     for r in results:
-        groups.setdefault((r.server, r.protocol), []).append(r)
+        groups.setdefault((r.server, r.point.protocol), []).append(r)
 
     out = []
     for (server, protocol), rows in groups.items():
-        out.append(RunResult(
-            server=server, protocol=protocol, concurrency=rows[0].concurrency,
-            requests=sum(r.requests for r in rows), errors=sum(r.errors for r in rows),
-            seconds=sum(r.seconds for r in rows),
-            throughput=stats.median([r.throughput for r in rows]) or 0.0,
-            p50_ms=stats.median([r.p50_ms for r in rows]),
-            p99_ms=stats.median([r.p99_ms for r in rows]),
-            mean_batch=stats.median([r.mean_batch for r in rows]), round=0,
-            first_error=next((r.first_error for r in rows if r.first_error), ""),
-            notes=f"median of {len(rows)} rounds",
-        ))
+        points = [r.point for r in rows]
+        median = Point(
+            model=points[0].model, protocol=protocol, concurrency=points[0].concurrency,
+            offered_rps=None, requests=sum(p.requests for p in points),
+            errors=sum(p.errors for p in points), seconds=sum(p.seconds for p in points),
+            throughput=stats.median([p.throughput for p in points]) or 0.0,
+            p50_ms=stats.median([p.p50_ms for p in points]),
+            p99_ms=stats.median([p.p99_ms for p in points]),
+            first_error=next((p.first_error for p in points if p.first_error), ""),
+        )
+        out.append(Row(server, median, mean_batch=stats.median([r.mean_batch for r in rows]),
+                       round=0, notes=f"median of {len(rows)} rounds"))
     return out
 
 
@@ -759,7 +682,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = read_texts(args.texts)
     args.output.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    results: list[RunResult] = []
+    results: list[Row] = []
     probes: dict[str, list[list[float]]] = {}
     with built_repository(args) as repository:
         setup = read_compute_setup(repository)
@@ -771,7 +694,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{','.join(args.servers)}; {args.rounds} round(s)", file=sys.stderr, flush=True)
         for number in range(1, args.rounds + 1):
             order = args.servers if number % 2 else list(reversed(args.servers))
-            round_results: list[RunResult] = []
+            round_results: list[Row] = []
             for server in order:
                 for result in measure_server(server, args, repository, setup, tokenizer_file,
                                              texts, probes):

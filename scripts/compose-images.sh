@@ -21,12 +21,15 @@ IMAGES="$TF_ROOT/build/images"
 WHEELHOUSE="$IMAGES/wheelhouse"
 mkdir -p "$IMAGES" "$WHEELHOUSE"
 SUITE="${SUITE:-$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")}"
-BASE_PACKAGES="python3,python3-venv,ca-certificates"
+# tini: PID 1 of the pod (reaps orphans, forwards signals); busybox-static: the one binary of the
+# model-repository artifact (tools deploy package copies it from the serving image).
+BASE_PACKAGES="python3,python3-venv,ca-certificates,tini,busybox-static"
 # The Python-backend stub loads libpython3.X.so.1.0 of the image's own Python.
 BASE_SETUP='apt-get install -y -q --no-install-recommends "libpython$(python3 -c "import sys; print(\"%d.%d\" % sys.version_info[:2])")" >/dev/null'
 PROM_PACKAGES="prometheus,ca-certificates"
 # Debian's prometheus keeps its data in /var/lib/prometheus/metrics2, owned by user prometheus.
-PROM_SETUP='mkdir -p /var/lib/prometheus/metrics2 && chown -R prometheus:prometheus /var/lib/prometheus'
+# /prometheus: the TSDB path compose gives (--storage.tsdb.path), as in the prom/prometheus image.
+PROM_SETUP='mkdir -p /var/lib/prometheus/metrics2 /prometheus && chown -R prometheus:prometheus /var/lib/prometheus /prometheus'
 
 # Hash of strings and of the contents of files/folders (sorted; caches and results left out).
 input_hash() {
@@ -81,9 +84,10 @@ fill_wheelhouse() {
     -v "$TF_ROOT:/src:ro" -v "$WHEELHOUSE:/wheels" "$BASE_IMAGE" sh -euc "
       python3 -m venv /tmp/pip
       python3 -c 'import tomllib; p = tomllib.load(open(\"/src/pyproject.toml\", \"rb\"))[\"project\"]; print(\"\n\".join(p[\"dependencies\"] + p[\"optional-dependencies\"][\"load\"]))' >/tmp/requirements.txt
+      /tmp/pip/bin/pip download --quiet --disable-pip-version-check --dest /wheels \
+        --require-hashes --no-deps -r /src/docker/requirements-cpu.lock
       /tmp/pip/bin/pip download --quiet --disable-pip-version-check --dest /wheels $extra \
-        -c /src/scripts/constraints-cpu.txt nvidia-pytriton==0.7.0 'numpy<2' \
-        -r /src/docker/requirements-serve.txt -r /tmp/requirements.txt 'setuptools>=77' wheel"
+        -c /src/scripts/constraints-cpu.txt -r /tmp/requirements.txt 'setuptools>=77' wheel"
 }
 
 build_target() {  # build_target TARGET IMAGE
@@ -97,11 +101,12 @@ build_target() {  # build_target TARGET IMAGE
 BUILT=()
 BASE_IMAGE="triton-forge/debian-base:$(input_hash docker/debian-rootfs.sh "$SUITE" "$BASE_PACKAGES" "$BASE_SETUP")"
 PROMETHEUS_IMAGE="triton-forge/prometheus-cpu:$(input_hash docker/debian-rootfs.sh "$SUITE" "$PROM_PACKAGES" "$PROM_SETUP")"
-deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-serve.txt)
+# The resolved locks, not only their inputs: a tag names the exact wheels inside.
+deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-cpu.lock)
 WHEELS_HASH="$(input_hash "$BASE_IMAGE" "${TORCH_INDEX_URL:-}" "${deps[@]}")"
 SERVE_HASH="$(input_hash "$BASE_IMAGE" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
   docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
-  docker/healthcheck_probes.json "${deps[@]}" tools)"
+  docker/healthcheck_probes.json docker/verify_repository.py "${deps[@]}" tools)"
 TRITON_CPU_IMAGE="triton-forge/triton-cpu:$SERVE_HASH"
 BUILDER_CPU_IMAGE="triton-forge/builder-cpu:$(input_hash "$SERVE_HASH" backends loadtests README.md repository.yaml)"
 

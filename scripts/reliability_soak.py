@@ -10,21 +10,18 @@ import json
 import os
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loadtests.scenarios import load_texts  # noqa: E402
+from tools.load.scenario import load_texts  # noqa: E402
+from tools import load  # noqa: E402
+from tools.load.meters import sample  # noqa: E402
 from tools.serve import faults  # noqa: E402
 from tools.serve.recovery import ModelRecovery  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
-from tools.stats import Window, summarize  # noqa: E402
 
-
-def _bodies() -> list[dict]:
-    return [{"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [t]}]}
-            for t in load_texts()[:200]]
+WARMUP_S = 2.0
 
 
 def _failures(metrics_url: str) -> dict[str, int]:
@@ -37,21 +34,19 @@ def _failures(metrics_url: str) -> dict[str, int]:
     return found
 
 
-def _run(server: EmbeddedServer, label: str, **load: float) -> dict:
-    roles = faults.roles(server.pid, os.getpid())
-    before = {k: faults.sample(v) for k, v in roles.items()}
-    http = faults.HttpLoad(server.http_url, "text_embedding", _bodies(), timeout_s=10)
-    start = time.monotonic()
-    http.run(**load)
-    seconds = time.monotonic() - start
-    after = {k: faults.sample(v) for k, v in roles.items()}
-    summary = summarize(http.records, Window(start + 2, start + load["duration_s"]))
+def _run(server: EmbeddedServer, label: str, pacing: load.Pacing, duration_s: float) -> dict:
+    """One load of JSON text requests over raw HTTP, measured after a 2 s warm-up."""
+    requests = load.text_requests("text_embedding", load_texts()[:200])
+    cores = load.Cores(lambda: faults.roles(server.pid, os.getpid()))
+    point = load.run(requests, load.RawHttp(server.http_url, timeout_s=10), pacing,
+                     warmup_s=WARMUP_S, duration_s=duration_s - WARMUP_S, meters=[cores])
+    summary = point.summary
     return {
-        "run": label, "sent": len(http.records), "ok": summary.ok, "errors": summary.errors,
-        "throughput_rps": round(summary.ok / summary.window.length_s, 1),
-        "p99_ms": round(summary.latency.p99_ms, 1) if summary.latency else None,
+        "run": label, "sent": len(point.records), "ok": point.requests, "errors": point.errors,
+        "throughput_rps": round(point.throughput, 1),
+        "p99_ms": round(point.p99_ms, 1) if point.p99_ms is not None else None,
         "error_kinds": dict(list(summary.error_kinds.items())[:4]),
-        "cores": faults.cpu_share(before, after, seconds),
+        "cores": point.meters["cores"],
     }
 
 
@@ -73,16 +68,17 @@ def main(argv: list[str] | None = None) -> int:
 
         def sample_rss() -> None:
             while not stop.wait(10):
-                rss.append(round(faults.sample(pids()).rss_bytes / 2**20))
+                rss.append(round(sample(pids()).rss_bytes / 2**20))
 
         threading.Thread(target=sample_rss, daemon=True).start()
-        figures["soak"] = _run(server, f"soak {args.rate:g} req/s", rate=args.rate,
-                               duration_s=args.soak_s, connections=64)
+        figures["soak"] = _run(server, f"soak {args.rate:g} req/s",
+                               load.OpenLoop(args.rate, max_in_flight=64), args.soak_s)
         stop.set()
         figures["soak"]["rss_mib_every_10s"] = rss
-        capacity = _run(server, "capacity, 32 users", users=32, duration_s=12)
-        overload = _run(server, f"{args.overload:g}x overload", duration_s=12, connections=256,
-                        rate=args.overload * capacity["throughput_rps"])
+        capacity = _run(server, "capacity, 32 users", load.ClosedLoop(32), 12)
+        overload = _run(server, f"{args.overload:g}x overload",
+                        load.OpenLoop(args.overload * capacity["throughput_rps"],
+                                      max_in_flight=256), 12)
         figures["capacity"], figures["overload"] = capacity, overload
         figures["goodput_ratio"] = round(overload["throughput_rps"]
                                          / max(capacity["throughput_rps"], 1e-9), 2)

@@ -66,10 +66,18 @@ def test_a_nested_subcommands_usage_error_shows_its_own_usage_line(tmp_path):
     assert "Usage: cli deploy k8s" in result.output or "Usage: tools deploy k8s" in result.output
 
 
-def test_a_project_file_missing_from_an_install_is_named_with_the_way_to_install(tmp_path):
+def test_a_project_file_missing_from_an_install_is_named_with_the_way_to_install(
+    tmp_path, monkeypatch
+):
     from tools import paths
     from tools.errors import ToolkitError
 
     assert paths.project_file(paths.LOCUSTFILE, "scenarios") == paths.LOCUSTFILE
-    with pytest.raises(ToolkitError, match=r"not found \(the scenarios\).*pip install -e \."):
-        paths.project_file(tmp_path / "loadtests" / "locustfile.py", "the scenarios")
+    missing = tmp_path / "loadtests" / "locustfile.py"
+    with pytest.raises(ToolkitError, match=r"not found \(the scenarios\): the checkout .* lacks "
+                                           r"it \(restore it from git\)"):
+        paths.project_file(missing, "the scenarios")
+    monkeypatch.setattr(paths, "IN_CHECKOUT", False)
+    with pytest.raises(ToolkitError, match=r"locustfile.py not found \(the scenarios\): the "
+                                           r"installed triton-forge lacks it .*reinstall"):
+        paths.project_file(missing, "the scenarios")

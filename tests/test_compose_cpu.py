@@ -75,6 +75,8 @@ def test_cpu_override_changes_only_images_and_targets(override):
     for name, service in override["services"].items():
         assert name in base, f"the override adds service {name}"
         assert set(service) <= ALLOWED, f"{name}: {sorted(set(service) - ALLOWED)}"
+    smoke = (ROOT / "scripts" / "compose-smoke.sh").read_text()
+    assert 'export SLO_PROFILE="${SLO_PROFILE:-cpu}"' in smoke  # the cpu profile's SLO rules
     triton = override["services"]["triton"]
     assert set(triton["healthcheck"]) == {"start_interval"}, "the healthcheck test stays the base's"
 
@@ -91,8 +93,10 @@ def test_cpu_images_are_the_locally_built_ones(override):
 
 
 def test_cpu_serve_stage_copies_what_the_ngc_serve_stage_copies():
-    """Same files at the same paths: the CPU smoke then proves the NGC image's layout too."""
-    copies = lambda path: [i for i in _stage(path, "serve") if i.upper().startswith("COPY ")]  # noqa: E731
+    """Same files at the same paths: the CPU smoke then proves the NGC image's layout too (the
+    requirement locks differ: the CPU image installs its own in the tritonserver stage)."""
+    copies = lambda path: [i for i in _stage(path, "serve") if i.upper().startswith("COPY ")  # noqa: E731
+                           and "requirements-" not in i]
     assert copies(CPU_DOCKERFILE) == copies(NGC_DOCKERFILE)
 
 

@@ -182,11 +182,22 @@ def test_docker_compose_config_accepts_the_files(files):
 # --- the image --------------------------------------------------------------------------------
 
 
-def test_triton_image_is_pinned_once_to_25_07_or_later(compose):
-    image = _default(compose["x-triton-image"])
-    match = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-py3", image)
+def pinned_base(image: str) -> re.Match | None:
+    """``nvcr.io/nvidia/tritonserver:YY.MM-py3@sha256:<64 hex>``: a tag and its digest."""
+    return re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d)\.(\d\d)-py3@sha256:[0-9a-f]{64}", image)
 
-    assert match, f"{image} is not a pinned nvcr.io/nvidia/tritonserver:YY.MM-py3 tag"
+
+def test_an_unpinned_base_is_refused_by_the_check():
+    assert pinned_base("nvcr.io/nvidia/tritonserver:25.08-py3") is None  # a tag moves
+    assert pinned_base("nvcr.io/nvidia/tritonserver:latest@sha256:" + "a" * 64) is None
+    assert pinned_base("nvcr.io/nvidia/tritonserver:25.08-py3@sha256:" + "a" * 64)
+
+
+def test_triton_image_is_pinned_once_by_digest_to_25_07_or_later(compose):
+    image = _default(compose["x-triton-image"])
+    match = pinned_base(image)
+
+    assert match, f"{image} is not nvcr.io/nvidia/tritonserver:YY.MM-py3@sha256:<digest>"
     assert (int(match.group(1)), int(match.group(2))) >= MIN_RELEASE
     text = COMPOSE.read_text() + DOCKERFILE.read_text()
     assert len(re.findall(r"tritonserver:\d", text)) == 1, "the tag is pinned in one place only"
@@ -328,10 +339,11 @@ def test_http_input_size_is_bounded_below_tritons_default(triton):
     assert 0 < int(size) < 64 << 20
 
 
-def test_triton_publishes_http_grpc_and_metrics_ports(triton):
+def test_triton_publishes_http_grpc_metrics_and_the_supervisors_status_ports(triton):
     published = {p.rsplit(":", 1)[-1]: p for p in triton["ports"]}
 
-    assert set(published) == {"8000", "8001", "8002"}
+    assert set(published) == {"8000", "8001", "8002", "8003"}
+    assert triton["environment"]["FORGE_METRICS_PORT"] == "8003"
     assert all(p.startswith("${TRITON_BIND_IP:-127.0.0.1}:") for p in published.values())
     assert [_flag(triton["command"], f"--{k}-port") for k in ("http", "grpc", "metrics")] == [
         ["8000"], ["8001"], ["8002"]]
@@ -397,9 +409,9 @@ def test_gpu_reservation_lives_only_in_the_override(compose):
 
 def test_prometheus_scrapes_tritons_metrics_port(compose):
     config = _load(ROOT / "docker" / "prometheus.yml")
-    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton"]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "triton-forge"]
 
-    assert [t for c in job["static_configs"] for t in c["targets"]] == ["triton:8002"]
+    assert [t for c in job["static_configs"] for t in c["targets"]][0] == "triton:8002"
     mount = compose["services"]["prometheus"]["volumes"][0]
     assert (ROOT / mount["source"]).resolve() == (ROOT / "docker" / "prometheus.yml").resolve()
 
@@ -454,3 +466,118 @@ def test_locust_files_and_slo_profile_the_services_use_exist(compose):
     assert "gpu" in slo["profiles"]
     user_class = _default(master[-1])
     assert re.search(rf"^class {user_class}\(", locustfile.read_text(), re.MULTILINE)
+
+
+# ------------------------------------------------------------------ hardening (issue 23 item 5)
+
+LONG_RUNNING = ("triton", "prometheus", "grafana", "locust-worker")
+
+
+def test_every_long_running_service_restarts(compose):
+    for name in LONG_RUNNING:
+        assert compose["services"][name].get("restart") in ("unless-stopped", "on-failure", "always"), name
+
+
+@pytest.mark.parametrize("name", ["triton", "prometheus", "grafana", "builder"])
+def test_services_drop_every_capability_and_run_read_only(compose, name):
+    service = compose["services"][name]
+    assert service["cap_drop"] == ["ALL"]
+    assert service["read_only"] is True
+    assert "no-new-privileges:true" in service["security_opt"]
+
+
+def test_triton_runs_as_a_user_and_writes_only_tmp_and_dev_shm(triton):
+    assert triton["user"] == "1000:1000"
+    assert triton["tmpfs"] == ["/tmp"]
+    assert _bytes(triton["shm_size"]) > 0
+    writable = [v for v in triton["volumes"] if not v.get("read_only")]
+    assert writable == []  # the repository is read-only; /tmp and /dev/shm are tmpfs
+
+
+def test_prometheus_writes_only_its_tsdb_volume(compose):
+    prometheus = compose["services"]["prometheus"]
+    writable = [v["target"] for v in prometheus["volumes"] if not v.get("read_only")]
+    assert writable == ["/prometheus"]
+    assert "--storage.tsdb.path=/prometheus" in prometheus["command"]
+
+
+def test_limits_are_the_kubernetes_sizing_of_the_same_spec():
+    from tools.build_repo.spec import load_spec
+    from tools.deploy.sizing import size_pod
+
+    spec = load_spec(ROOT / "repository.yaml")
+    base = _load(COMPOSE)["services"]["triton"]
+    gpu = _load(GPU_OVERRIDE)["services"]["triton"]
+    cpu_size, gpu_size = size_pod(spec, "cpu"), size_pod(spec, "gpu")
+    assert _default(base["cpus"]) == str(cpu_size.cpu)
+    assert _bytes(_default(base["mem_limit"])) == cpu_size.memory_mib << 20
+    assert _bytes(_default(gpu["mem_limit"])) == gpu_size.memory_mib << 20
+
+
+def test_prometheus_loads_the_rendered_slo_rules_of_each_profile():
+    from tools.deploy import compose as compose_rules
+
+    config = _load(ROOT / "docker" / "prometheus.yml")
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    volumes = _load(COMPOSE)["services"]["prometheus"]["volumes"]
+    for profile, env in (("gpu", {}), ("cpu", {"SLO_PROFILE": "cpu"})):
+        (rules,) = [v for v in _interpolate(volumes, env) if v["target"] == "/etc/prometheus/rules/slo.yml"]
+        path = ROOT / rules["source"]
+        assert path.name == f"rules-{profile}.yml"
+        assert path.read_text() == compose_rules.rules_text(profile), (
+            "re-render: python -c 'from tools.deploy import compose; compose.write_rules()'")
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "triton-forge"  # the job the rendered alerts select
+    assert job["static_configs"][0]["targets"] == ["triton:8002", "triton:8003"]
+
+
+def test_the_entrypoint_passes_the_supervisors_retry_backoff_from_the_environment(triton):
+    entrypoint = (ROOT / "docker" / "triton-entrypoint.sh").read_text()
+    assert '--retry-backoff ${TRITON_RETRY_BACKOFF}' in entrypoint
+    assert '--retry-backoff-max ${TRITON_RETRY_BACKOFF_MAX}' in entrypoint
+    env = triton["environment"]
+    assert float(env["TRITON_RETRY_BACKOFF"]) < float(env["TRITON_RETRY_BACKOFF_MAX"])
+
+
+# ------------------------------------------------------------------ locked dependencies (item 6)
+
+LOCKS = {"serve": ROOT / "docker" / "requirements-serve.lock", "cpu": ROOT / "docker" / "requirements-cpu.lock"}
+
+
+def _locked(path: Path) -> dict[str, list[str]]:
+    """Package -> its hashes, from a pip-compile --generate-hashes file."""
+    packages: dict[str, list[str]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        pin = re.match(r"^([A-Za-z0-9_.\-]+)==([^ ]+)", line)
+        if pin:
+            current = pin.group(1).lower().replace("_", "-")
+            packages[current] = []
+        elif current and "--hash=sha256:" in line:
+            packages[current].append(line.split("sha256:")[1].split()[0])
+    return packages
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_every_locked_requirement_is_pinned_with_hashes_and_names_no_local_index(lock):
+    text = LOCKS[lock].read_text()
+    packages = _locked(LOCKS[lock])
+    assert packages and all(len(h) >= 1 and all(re.fullmatch(r"[0-9a-f]{64}", x) for x in h)
+                            for h in packages.values()), "every pin carries sha256 hashes"
+    assert not re.search(r"^--(extra-)?index-url|^--find-links|file://|/opt/", text, re.M)
+    requested = [re.split(r"[<>=\[ ;]", r.strip())[0].lower() for r in
+                 (ROOT / "docker" / "requirements-serve.txt").read_text().splitlines()
+                 if r.strip() and not r.startswith("#")]
+    assert set(requested) <= set(packages), set(requested) - set(packages)
+    assert packages.get("numpy") and "numpy==1." in text  # nvidia-pytriton needs numpy<2
+
+
+def test_the_images_install_only_the_locked_files():
+    gpu = DOCKERFILE.read_text()
+    cpu = (ROOT / "docker" / "triton-cpu.Dockerfile").read_text()
+    assert "pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock" in gpu
+    assert "pip install --quiet --require-hashes --no-deps -r /tmp/requirements-cpu.lock" in cpu
+    assert "nvidia-pytriton" in _locked(LOCKS["cpu"])
+    assert "requirements-serve.txt" not in gpu and "requirements-serve.txt" not in cpu
+    images = (ROOT / "scripts" / "compose-images.sh").read_text()
+    assert "docker/requirements-cpu.lock" in images.split("deps=(")[1].split(")")[0]  # tags from the lock

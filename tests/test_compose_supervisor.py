@@ -6,6 +6,7 @@ test supervises a real tritonserver and kills one of its Python stubs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -77,13 +78,17 @@ def test_supervisor_returns_the_servers_exit_status_when_signalled(tmp_path):
     unused.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{unused.getsockname()[1]}"  # nothing answers: never healthy
     unused.close()
+    started = tmp_path / "server-started"
     proc = subprocess.Popen(
         [sys.executable, str(SUPERVISOR), "--url", url, "--repository", str(tmp_path),
-         "--interval", "0.2", "--", "sleep", "30"],
+         "--interval", "0.2", "--", "sh", "-c", f"touch {started}; exec sleep 30"],
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        time.sleep(1.0)
+        deadline = time.monotonic() + 20
+        while not started.exists():  # the server runs: the supervisor forwards signals by now
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=20)
     finally:
@@ -161,8 +166,10 @@ def test_supervisor_without_model_control_stops_tritonserver_and_exits_1_when_a_
 
         os.kill(toy_text, signal.SIGKILL)
         code = proc.wait(timeout=90)
-        time.sleep(0.5)
-        leftovers = [p.pid for p in process.group_members(proc.pid)]
+        deadline = time.monotonic() + 5  # the killed server's stubs may take a moment to go
+        while (leftovers := [p.pid for p in process.group_members(proc.pid)]) and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
     finally:
         process.stop(proc, grace_s=10)
         process.remove_shm_regions(regions)  # the killed stub's region stays behind
@@ -175,16 +182,42 @@ def test_supervisor_without_model_control_stops_tritonserver_and_exits_1_when_a_
     assert leftovers == [], f"processes left behind: {leftovers}"
 
 
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def _model_ready(http: int, model: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/{model}/ready", timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return False
+
+
+def _metric(text: str, name: str) -> float:
+    (value,) = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(name + " ")]
+    return float(value)
+
+
 @pytest.mark.server
 def test_supervisor_reloads_only_the_model_whose_stub_died_and_keeps_serving(toy_repository, tmp_path):
-    """As compose runs it: explicit model control, the load API behind the admin key."""
+    """As compose runs it: explicit model control, the load API behind the admin key; past the
+    restart budget the model is retried with backoff, as the status endpoint reports."""
     key = os.urandom(16).hex()
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, forge = free_ports(4)
     server, env = _server_command(
         toy_repository, [http, grpc, metrics], "--model-control-mode=explicit", "--load-model=*",
         f"--http-restricted-api=model-repository:admin-key={key}")
     proc, log = _supervise(tmp_path, toy_repository, server, env | {"TRITON_ADMIN_KEY": key}, http,
-                           "--recover-models")
+                           "--recover-models", "--model-restarts", "1", "--retry-backoff", "2",
+                           "--forge-metrics-port", str(forge))
+    status_url = f"http://127.0.0.1:{forge}"  # on the address of Triton's metrics
     regions: set[str] = set()
     try:
         assert _infer(http, "toy_double", TOY_DOUBLE) == 200
@@ -201,6 +234,21 @@ def test_supervisor_reloads_only_the_model_whose_stub_died_and_keeps_serving(toy
         recovered = time.monotonic() - killed
         still_running = proc.poll() is None
         new_stub = process.stub_processes(proc.pid).get("toy_text_0_0")
+
+        os.kill(new_stub, signal.SIGKILL)  # over the budget of one reload: backoff
+        state = lambda: json.loads(_get(f"{status_url}/status"))["models"]["toy_text"]  # noqa: E731
+        deadline = time.monotonic() + 20
+        while (in_backoff := state())["state"] != "backoff":
+            assert time.monotonic() < deadline, (in_backoff, log.read_text()[-3000:])
+            time.sleep(0.05)
+        down_metrics = _get(f"{status_url}/metrics")
+        ready_in_backoff = _model_ready(http, "toy_text")
+        other_in_backoff = _infer(http, "toy_double", TOY_DOUBLE)
+        while (back := state())["state"] != "ready":
+            assert time.monotonic() < deadline, (back, log.read_text()[-3000:])
+            time.sleep(0.05)
+        answer_after_retry = _infer(http, "toy_text", TOY_TEXT)
+        up_metrics = _get(f"{status_url}/metrics")
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     finally:
@@ -214,7 +262,28 @@ def test_supervisor_reloads_only_the_model_whose_stub_died_and_keeps_serving(toy
     assert other and set(other) == {200}, f"toy_double failed while toy_text reloaded: {other}"
     assert still_running and new_stub not in (None, toy_text)
     assert "container restarts" not in text
+    assert f"model status on {status_url}/metrics and /status" in text
+    assert in_backoff["next_retry_s"] <= 2 and in_backoff["restarts"] == 1
+    assert _metric(down_metrics, 'triton_forge_model_down{model="toy_text"}') == 1
+    assert _metric(down_metrics, 'triton_forge_model_down{model="toy_double"}') == 0
+    assert not ready_in_backoff and other_in_backoff == 200
+    assert "model 'toy_text' unloaded: its Python stub died 2 times" in text
+    assert "model 'toy_text' loaded again by a retry" in text
+    assert back["restarts"] == 2 and answer_after_retry == 200
+    assert _metric(up_metrics, 'triton_forge_model_down{model="toy_text"}') == 0
+    assert _metric(up_metrics, 'triton_forge_model_restarts_total{model="toy_text"}') == 2
     # SIGTERM is forwarded and the server's own status comes back. After a reload Triton 2.51
     # unloads every model at once but then waits out --exit-timeout-secs for the dead
     # instance, and exits 1 ("Exit timeout expired"), as it does under `tools serve`.
     assert code == 1 and "Exit timeout expired" in text, text[-2000:]
+
+
+def test_status_endpoint_binds_where_triton_serves_its_metrics():
+    spec = importlib.util.spec_from_file_location("triton_supervisor", SUPERVISOR)
+    supervisor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(supervisor)
+
+    assert supervisor.metrics_address(["tritonserver", "--metrics-port=8002"]) == "0.0.0.0"
+    assert supervisor.metrics_address(["tritonserver", "--http-address=10.1.2.3"]) == "10.1.2.3"
+    assert supervisor.metrics_address(["tritonserver", "--http-address", "10.1.2.3",
+                                       "--metrics-address=127.0.0.1"]) == "127.0.0.1"

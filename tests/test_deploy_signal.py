@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from loadtests.scenarios import load_texts
+from tools.load.scenario import load_texts
 from tools.deploy import promql
 from tools.deploy.render import render_k8s
 from tools.net import free_ports
@@ -50,7 +50,7 @@ def _query(url: str, expr: str) -> float | None:
 
 @pytest.fixture
 def prometheus(triton_server, tmp_path):
-    render_k8s(ROOT / "repository.yaml", "cpu", tmp_path / "k8s")
+    render_k8s(ROOT / "repository.yaml", "cpu", tmp_path / "k8s", dev_build=True)
     port = free_ports(1)[0]
     metrics = triton_server.metrics_url.removeprefix("http://").split("/")[0]
     config = {

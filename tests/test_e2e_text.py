@@ -328,7 +328,7 @@ def test_encoder_executes_batches_of_at_least_4_when_32_requests_are_concurrent(
     Two instances with no queue delay (the shipped cpu config) split the 32 in flight between
     them: mean batch 5.3 measured here.
     """
-    from tritonclient.grpc import aio
+    from tools import load
 
     rng = np.random.default_rng(0)
     words = "the a server model request batch token text query answer fast slow big small".split()
@@ -336,24 +336,10 @@ def test_encoder_executes_batches_of_at_least_4_when_32_requests_are_concurrent(
     concurrency = 32
     stats_client = Client(triton_server, "grpc")
 
-    async def load():
-        client = aio.InferenceServerClient(triton_server.grpc_url)
-        queue = list(texts)
-
-        async def worker():
-            while queue:
-                array = _encode([queue.pop()])
-                tensor = aio.InferInput("TEXT", [1, 1], "BYTES")
-                tensor.set_data_from_numpy(array)
-                await client.infer(PIPELINE, [tensor])
-
-        try:
-            await asyncio.gather(*[worker() for _ in range(concurrency)])
-        finally:
-            await client.close()
-
     before = stats_client.statistics(ENCODER)
-    asyncio.run(load())
+    point = load.run(load.text_requests(PIPELINE, texts), load.TritonGrpc(triton_server.grpc_url),
+                     load.ClosedLoop(concurrency), duration_s=300, max_requests=len(texts))
+    assert point.requests == len(texts), point.first_error  # each text once, all answered
     after = stats_client.statistics_after(ENCODER, before, len(texts))
     stats_client.close()
 

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("build", ("tools.build_repo",)),
     ("stages", ("tools.serve", "tools.load", "tools.loadtest", "tools.bench", "tools.tune",
                 "tools.deploy", "tools.add", "tools.infer", "tools.gpu_check",
-                "tools.spec_schema")),
+                "tools.spec_schema", "tools.init")),
     ("cli", ("tools.cli",)),
 ]
 

@@ -31,7 +31,8 @@ from tools.cli import cli
 pytestmark = pytest.mark.server
 
 TOOLS = [sys.executable, "-m", "tools.cli"]
-FREE_PORTS = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+FREE_PORTS = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+              "--forge-metrics-port", "0"]
 
 
 _alive = process.is_alive

@@ -182,3 +182,34 @@ def test_watchdog_runs_from_the_files_the_serving_image_copies(image_layout, tmp
     assert "No module named" not in result.stderr, result.stderr
     assert result.returncode == 1
     assert "not healthy after 1s: server at" in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["liveness", "readiness"])
+def test_the_kubernetes_probes_run_from_the_files_the_serving_image_copies(image_layout, tmp_path, mode):
+    opt, env = image_layout
+    url = _unused_url()
+
+    result = subprocess.run(
+        [sys.executable, "-S", str(opt / "docker" / "healthcheck.py"), "--mode", mode, "--url", url,
+         "--repository", str(TOY_REPOSITORY), "--probes",
+         str(opt / "docker" / "healthcheck_probes.json"), "--status-url", f"{url}/status",
+         "--timeout", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+    assert "No module named" not in result.stderr, result.stderr
+    assert result.returncode == 1 and "/v2/health/live" in result.stderr
+    assert result.stdout.strip() == f"{mode}: fail"
+
+
+def test_the_repository_verifier_runs_from_the_files_the_serving_image_copies(image_layout, tmp_path):
+    opt, env = image_layout
+
+    result = subprocess.run(
+        [sys.executable, "-S", str(opt / "docker" / "verify_repository.py"), "--repository",
+         str(TOY_REPOSITORY)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+    assert "No module named" not in result.stderr, result.stderr
+    assert result.returncode in (0, 1) and "verify:" in result.stdout + result.stderr

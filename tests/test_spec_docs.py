@@ -89,7 +89,7 @@ def test_docs_tables_list_nested_fields_per_section():
     assert "| `warmup[].inputs` | mapping input → list of string | yes |" in python_models
     assert "| `steps[].model` | identifier | yes |" in _block(doc, "pipelines")
     assert "| `pad_value` | number | no | `0` |" in _block(doc, "tensor")
-    assert "| `backends` | string | no | `backends/python` |" in _block(doc, "top")
+    assert "| `backends` | string | no | none | Folder that holds" in _block(doc, "top")
     # Python models do not take intra_op_threads; neither the docs nor the schema offer it.
     assert "intra_op_threads` |" not in python_models
     cpu = repository_schema()["$defs"]["PythonCpuInstancesSpec"]["properties"]

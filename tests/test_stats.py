@@ -1,5 +1,6 @@
 """Tests of tools.stats, the one way to measure: percentile method, window rule, and every report
-(gate, bench, server comparison, GPU check) giving the same figures from the same raw records.
+(gate, the load engine behind bench / tune / faults, server comparison, GPU check) giving the
+same figures from the same raw records.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from tools import gpu_check, stats
-from tools.bench.served import served_result
+from tools.bench.report import served_row
+from tools.load import Point
 from tools.loadtest import gate
 from tools.stats import Record, Window
 
@@ -150,8 +152,11 @@ def test_every_report_gives_the_same_figures_when_fed_the_same_raw_records(compa
     records, window = _run_records(), Window(5.0, 15.0)
     lt = gate.summarize(records, scenario="text_embedding", protocol="grpc", warmup_s=5.0,
                         stop_s=15.0)
-    bench = served_result("grpc", 8, records, window)
-    comparison = compare.summarise("triton", "grpc", 8, records, window)
+    # the load engine's one result, as tools bench, the tuner and the fault tests get it
+    engine = Point.from_records(records, window, model="text_embedding", protocol="grpc",
+                                concurrency=8)
+    comparison = compare.summarise("triton", "grpc", 8, records, window).point
+    bench = served_row(engine)  # bench.json's row
 
     assert (lt.ok, lt.errors, lt.requests) == (EXPECTED["ok"], EXPECTED["errors"], 206)
     assert (lt.excluded_warmup, lt.excluded_after_stop) == (2, 3)
@@ -159,21 +164,29 @@ def test_every_report_gives_the_same_figures_when_fed_the_same_raw_records(compa
     assert lt.latency_ms["p95_ms"] == EXPECTED["p95"]
     assert lt.latency_ms["p99.9_ms"] == EXPECTED["p99.9"]
     assert lt.latency_ms["min_ms"] == 10.0 and lt.latency_ms["max_ms"] == 500.0
-    for result in (bench, comparison):
+    for result in (engine, comparison):
         assert (result.requests, result.errors, result.seconds) == (
             EXPECTED["ok"], EXPECTED["errors"], 10.0)
         assert result.first_error == "HTTP 503"
-    for throughput in (lt.throughput_rps, bench.throughput, comparison.throughput):
+    assert (bench["requests"], bench["errors"], bench["seconds"], bench["first_error"]) == (
+        EXPECTED["ok"], EXPECTED["errors"], 10.0, "HTTP 503")
+    for throughput in (lt.throughput_rps, engine.throughput, comparison.throughput,
+                       bench["throughput"]):
         assert throughput == pytest.approx(EXPECTED["throughput"])
     for p50, p99 in ((lt.latency_ms["p50_ms"], lt.latency_ms["p99_ms"]),
-                     (bench.p50_ms, bench.p99_ms), (comparison.p50_ms, comparison.p99_ms)):
+                     (engine.p50_ms, engine.p99_ms), (comparison.p50_ms, comparison.p99_ms),
+                     (bench["p50_ms"], bench["p99_ms"])):
         assert (p50, p99) == (EXPECTED["p50"], EXPECTED["p99"])
 
     # The GPU check times consecutive calls (no window): the same latencies give the same P50/P99.
-    counted_s = [r.latency_ms / 1000.0 for r in records if r.ok and window.counts(r)]
-    row = gpu_check.timing_row("TensorRT fp16", 8, counted_s)
-    assert row[2:4] == (f"{EXPECTED['p50']:.2f}", f"{EXPECTED['p99']:.2f}")
-    assert row[4] == f"{8 / (EXPECTED['p50'] / 1000.0):.0f}"
+    from tools.build_repo.onnx2trt import Timing
+
+    counted = [Timing(r.latency_ms, r.latency_ms) for r in records if r.ok and window.counts(r)]
+    row = gpu_check.timing_rows("TensorRT fp16", "minilm_encoder", 8, counted)
+    for kind in ("compute", "total"):
+        assert (row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"]) == (
+            round(EXPECTED["p50"], 4), round(EXPECTED["p99"], 4))
+        assert row[f"{kind}_per_s"] == round(8 / (EXPECTED["p50"] / 1000.0), 1)
 
 
 def test_requests_in_flight_at_the_end_bound_the_tail_from_below():

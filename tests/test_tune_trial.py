@@ -107,7 +107,7 @@ def test_a_trial_build_that_exports_a_model_again_is_refused(tmp_path, monkeypat
 
 
 def test_a_point_carries_every_models_executed_batch_and_queue_split(monkeypatch):
-    from tools.bench.served import ServedResult
+    from tools.load import Point
     from tools.loadtest import triton_stats
 
     def counters(inferences, executions, queue_ns):
@@ -117,21 +117,16 @@ def test_a_point_carries_every_models_executed_batch_and_queue_split(monkeypatch
         ns = {**durations, "queue": queue_ns, "compute_infer": 2 * queue_ns}
         return triton_stats.ModelCounters(inferences, executions, counts, ns, {})
 
-    snapshots = iter([
-        {"minilm_encoder": counters(10, 10, 0), "text_tokenizer": counters(10, 10, 0)},
-        {"minilm_encoder": counters(110, 30, 100 * 4_000_000),
-         "text_tokenizer": counters(110, 60, 100 * 1_000_000)},
-    ])
-    monkeypatch.setattr(trial_module.triton_stats, "fetch_statistics",
-                        lambda url, protocol="http": next(snapshots))
+    before = {"minilm_encoder": counters(10, 10, 0), "text_tokenizer": counters(10, 10, 0)}
+    after = {"minilm_encoder": counters(110, 30, 100 * 4_000_000),
+             "text_tokenizer": counters(110, 60, 100 * 1_000_000)}
 
-    def fake_served(protocol, url, stats_url, texts, concurrency, **kwargs):
-        import time
+    def fake_measure(requests, protocol, url, stats_url, *, concurrency, **kwargs):
+        # the load engine's Triton meter: the window between the warm-up's end and the end
+        return Point("text_embedding", protocol, concurrency, None, 100, 0, 4.0, 25.0, 80.0,
+                     300.0, meters={"triton": triton_stats.window(before, after)})
 
-        time.sleep(kwargs["warmup_s"] + 0.05)  # the warm-up snapshot is taken meanwhile
-        return ServedResult(protocol, concurrency, 100, 0, 4.0, 25.0, 80.0, 300.0, 5.0, 4.0, 8.0)
-
-    monkeypatch.setattr(trial_module, "measure_served", fake_served)
+    monkeypatch.setattr(trial_module, "measure", fake_measure)
     plan = LoadPlan("grpc", (8,), 0.05, 4.0, p99_ms=600.0, max_error_ratio=0.0)
     point = trial_module.measure_point(plan, "u", "s", ["a"], 8, "text_embedding", "minilm_encoder")
     assert point.within_target and point.throughput == 25.0

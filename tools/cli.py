@@ -24,6 +24,7 @@ _COMMANDS = {
     "deploy": "tools.deploy.command:deploy",
     "add": "tools.add.command:add",
     "tune": "tools.tune.command:tune",
+    "init": "tools.init:init",
 }
 
 # Shown by `tools --help` without importing each stage.
@@ -33,9 +34,10 @@ _SHORT_HELP = {
     "infer": "Send one request to a model or pipeline and print the result.",
     "loadtest": "Run a Locust scenario headless and gate it on exact P99 targets.",
     "bench": "Compare served throughput and latency with the in-process limit.",
-    "deploy": "Render Kubernetes manifests (tools deploy k8s) from the spec.",
+    "deploy": "Package the repository as an OCI artifact (tools deploy package), render Kubernetes manifests (tools deploy k8s).",
     "add": "Add a model (Hugging Face folder, vision factory, ONNX file) to the spec.",
     "tune": "Search instances, threads and batching for the most throughput within P99 target.",
+    "init": "Write a starter repository.yaml and slo.yaml into an empty folder.",
 }
 
 

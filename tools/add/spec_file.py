@@ -11,23 +11,15 @@ import os
 import tempfile
 from pathlib import Path
 
-from tools import paths
 from tools.build_repo.spec import SECTIONS, RepoSpec, load_spec
 from tools.errors import SpecError, UserInputError
 from tools.yaml_edit import YamlEditError, append_entries
 
-PROJECT_BACKENDS = paths.BACKENDS
 
-
-def new_spec_text(spec_path: Path) -> str:
-    """The text of a spec created by ``tools add`` (the project's Python backends)."""
-    backends = PROJECT_BACKENDS
-    try:
-        backends = backends.relative_to(spec_path.resolve().parent)
-    except ValueError:
-        pass
-    return (f"# The repository spec, created by `tools add`: see docs/spec.md.\n"
-            f"target: cpu\ncpu_cores: 2\nbackends: {backends}\n")
+def new_spec_text() -> str:
+    """The text of a spec created by ``tools add`` (no ``backends``: the installed ones)."""
+    return ("# The repository spec, created by `tools add`: see docs/spec.md.\n"
+            "target: cpu\ncpu_cores: 2\n")
 
 
 def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) -> RepoSpec:
@@ -54,7 +46,7 @@ def write_spec(spec_path: Path, blocks: dict[str, list[str]], names: list[str]) 
                 f"{spec_path}: already has {taken}; choose another --name or remove those entries"
             )
     try:
-        text = append_entries(old if old is not None else new_spec_text(spec_path),
+        text = append_entries(old if old is not None else new_spec_text(),
                               {s: blocks[s] for s in SECTIONS if s in blocks})
     except YamlEditError as exc:
         raise UserInputError(f"{spec_path}: {exc} (file unchanged)") from None

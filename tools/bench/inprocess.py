@@ -107,7 +107,7 @@ class LimitResult:
         return asdict(self)
 
 
-def _model_config(config_path: Path) -> dict[str, Any]:
+def model_config(config_path: Path) -> dict[str, Any]:
     """``config.pbtxt`` as the JSON-style dict Triton hands a Python model's ``initialize``."""
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
@@ -130,7 +130,7 @@ def pipeline_models(repository: Path, pipeline: str) -> tuple[str, str]:
     if not path.is_file():
         raise UserInputError(f"{path} not found: no pipeline {pipeline!r} in {repository} "
                              f"(build it first: tools build-repo --output {repository})")
-    steps = _model_config(path).get("ensemble_scheduling", {}).get("step", [])
+    steps = model_config(path).get("ensemble_scheduling", {}).get("step", [])
     if len(steps) != 2:
         raise UserInputError(f"pipeline {pipeline!r} has {len(steps)} steps; tools bench measures "
                              f"text pipelines of two (tokenizer -> encoder)")
@@ -152,9 +152,9 @@ def read_setup(repository: Path, pipeline: str = PIPELINE) -> EncoderSetup:
             raise UserInputError(f"{d}/config.pbtxt not found: build the repository first "
                                  f"(tools build-repo --output {repository})")
     return EncoderSetup(
-        tokenizer_config=_model_config(tok_dir / "config.pbtxt"),
+        tokenizer_config=model_config(tok_dir / "config.pbtxt"),
         tokenizer_dir=tok_dir / VERSION,
-        encoder_config=_model_config(enc_dir / "config.pbtxt"),
+        encoder_config=model_config(enc_dir / "config.pbtxt"),
         encoder_dir=enc_dir / VERSION,
         pipeline=pipeline,
     )

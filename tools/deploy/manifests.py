@@ -21,10 +21,22 @@ from tools.serve.server_config import (
 
 NAME = "triton-forge"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-REPOSITORIES = "/repositories"  # the emptyDir the builder writes and triton reads
+STATUS_PORT = 8003  # the supervisor's /status and /metrics (contract 2), port name forge-metrics
+STATUS_PORT_NAME = "forge-metrics"
+STATUS_URL = f"http://127.0.0.1:{STATUS_PORT}/status"
+REPOSITORIES = "/repositories"  # the emptyDir (or claim) the repository is copied to / built in
+IMAGE_VOLUME_MOUNT = "/artifact"  # where an image volume mounts the artifact's root
 PROJECT = "/opt/triton-forge"  # where the images keep the project (docker/*.Dockerfile)
 HEALTHCHECK = f"{PROJECT}/docker/healthcheck.py"
+VERIFY = f"{PROJECT}/docker/verify_repository.py"
 PROBES = f"{PROJECT}/docker/healthcheck_probes.json"
+TINI = "/usr/bin/tini"  # Debian's and Ubuntu's tini package, in both serving images
+CLIENT_LABEL = {"triton-forge/client": "true"}  # pods allowed to send inferences (NetworkPolicy)
+# Rollouts: a cpu pod surges (a spare node is cheap); a gpu pod replaces one in place, since a
+# surge needs a spare GPU. A gpu pod loads TensorRT engines: give the rollout longer.
+ROLLOUT = {"cpu": {"maxSurge": 1, "maxUnavailable": 0},
+           "gpu": {"maxSurge": 0, "maxUnavailable": 1}}
+PROGRESS_DEADLINE_S = {"cpu": 900, "gpu": 1800}
 ADMIN_SECRET, ADMIN_SECRET_KEY = f"{NAME}-admin-key", "admin-key"
 ADMIN_HEADER = "admin-key"  # as docker-compose.yml: clients send `admin-key: <key>`
 EXIT_TIMEOUT_S = 30  # tritonserver --exit-timeout-secs: in-flight requests get this long
@@ -34,11 +46,16 @@ PRE_STOP_SLEEP_S = 10
 TERMINATION_GRACE_S = PRE_STOP_SLEEP_S + EXIT_TIMEOUT_S + 15  # + unloading the models
 RUN_AS = 1000
 BUILDER_MEMORY_MIB = {"cpu": 2048, "gpu": 8192}  # cpu: measured peak RSS 0.97 GiB (--force)
+VERIFY_MEMORY_MIB = 256  # busybox cp and the streaming sha256 check
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery
 
-DEFAULT_IMAGES = {
+# Only with --dev-build: images built on the developer's machine (scripts/compose-images.sh),
+# which no cluster can pull. Every other render names its images.
+DEV_IMAGES = {
     "cpu": ("triton-forge/triton-cpu:local", "triton-forge/builder-cpu:local"),
     "gpu": ("triton-forge/triton:local", "triton-forge/builder:local"),
 }
+SOURCES = ("artifact", "dev-build", "plans-job")
 
 # gRPC keep-alive (milliseconds). Server pings every 60 s so a peer that vanished (node gone,
 # conntrack entry dropped by a NAT or a rollout) is found in about 80 s, not Triton's default
@@ -59,6 +76,38 @@ GRPC_KEEPALIVE_FLAGS = (
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """Replica bounds and the HPA target from a tuner measurement (``--from-tune``).
+
+    Attributes:
+        scenario: The pipeline the tuner measured.
+        per_pod_rps: Measured requests/s of one pod within the P99 target.
+        p99_ms: The P99 at that throughput.
+        p99_target_ms: The target it was measured against.
+        headroom: Fraction of ``per_pod_rps`` a pod is run at (the HPA target).
+        target_rps: ``per_pod_rps * headroom``, the HPA's per-pod average.
+        peak_rps: The load the bounds are sized for.
+        min_replicas, max_replicas: The bounds.
+        source: The results file.
+        confirmed: Whether the figure comes from the tuner's confirmation repeats.
+        lines: The arithmetic, for the rendered README.
+    """
+
+    scenario: str
+    per_pod_rps: float
+    p99_ms: float
+    p99_target_ms: float
+    headroom: float
+    target_rps: float
+    peak_rps: float
+    min_replicas: int
+    max_replicas: int
+    source: str
+    confirmed: bool
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Deployment:
     """What the objects are rendered from.
 
@@ -66,12 +115,25 @@ class Deployment:
         target: ``cpu`` or ``gpu``.
         namespace: Namespace of every object.
         image: The serving image.
-        builder_image: The builder image (same family: ``builder`` is ``FROM serve``).
+        builder_image: The builder image (``--dev-build`` and the plans Job; same family).
         resources: One replica's resources.
-        spec_text: ``repository.yaml`` as given (the ConfigMap's content).
+        spec_text: ``repository.yaml`` as given (the ConfigMap's content, dev-build only).
         min_replicas: HPA lower bound.
         max_replicas: HPA upper bound.
         queue_target_us: The HPA target of the queue signal.
+        source: Where the pod's repository comes from: ``artifact`` (an init container copies
+            the OCI artifact and verifies it, or an image volume), ``dev-build`` (built in the
+            pod) or ``plans-job`` (gpu: built once by a Job into a claim).
+        artifact_reference: ``image:tag@sha256:...`` of the artifact.
+        manifest_sha256: The artifact's manifest hash the verifier expects.
+        image_volume: Mount the artifact as a Kubernetes image volume (1.33+) instead of copying.
+        gpu_product: ``nvidia.com/gpu.product`` the pods (and the plans Job) are pinned to.
+        autoscaler: ``hpa`` or ``keda``: the one rendered.
+        monitor_labels: Labels the Prometheus Operator's selectors pick PodMonitor and
+            PrometheusRule by (kube-prometheus-stack: ``release``).
+        monitoring_namespace: The namespace Prometheus scrapes from (NetworkPolicy).
+        capacity: The measured capacity (``--from-tune``), or None.
+        prometheus_url: Prometheus the KEDA trigger queries.
     """
 
     target: str
@@ -83,10 +145,22 @@ class Deployment:
     min_replicas: int
     max_replicas: int
     queue_target_us: int
+    source: str = "artifact"
+    artifact_reference: str = ""
+    manifest_sha256: str = ""
+    image_volume: bool = False
+    gpu_product: str | None = None
+    autoscaler: str = "hpa"
+    monitor_labels: tuple[tuple[str, str], ...] = ()
+    monitoring_namespace: str = "monitoring"
+    capacity: Capacity | None = None
+    prometheus_url: str = ""
 
     @property
     def repository(self) -> str:
         """The model repository inside the pod."""
+        if self.source == "artifact" and self.image_volume:
+            return f"{IMAGE_VOLUME_MOUNT}/repository"
         return f"{REPOSITORIES}/{self.target}"
 
     @property
@@ -94,6 +168,13 @@ class Deployment:
         """The ConfigMap's name: content-hashed, so a new spec rolls out a new ReplicaSet."""
         digest = hashlib.sha256(self.spec_text.encode()).hexdigest()[:10]
         return f"{NAME}-spec-{digest}"
+
+    @property
+    def plans_claim(self) -> str:
+        """The plans Job's claim: one per GPU product and builder image (so TensorRT version)."""
+        key = f"{self.gpu_product}\0{self.builder_image}"
+        slug = "".join(c if c.isalnum() else "-" for c in (self.gpu_product or "").lower()).strip("-")
+        return f"{NAME}-plans-{slug[:30]}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def labels(d: Deployment) -> dict[str, str]:
@@ -111,8 +192,8 @@ def selector(d: Deployment) -> dict[str, str]:
     return {k: v for k, v in labels(d).items() if k != "app.kubernetes.io/part-of"}
 
 
-def _meta(d: Deployment, name: str = NAME) -> dict[str, Any]:
-    return {"name": name, "namespace": d.namespace, "labels": labels(d)}
+def _meta(d: Deployment, name: str = NAME, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": d.namespace, "labels": {**labels(d), **(extra or {})}}
 
 
 def server_args(d: Deployment) -> list[str]:
@@ -147,11 +228,20 @@ def server_args(d: Deployment) -> list[str]:
             *GRPC_KEEPALIVE_FLAGS]
 
 
-def _health_probe(d: Deployment, period: int, failures: int) -> dict[str, Any]:
-    command = ["python3", HEALTHCHECK, "--url", f"http://127.0.0.1:{HTTP_PORT}",
-               "--repository", d.repository, "--probes", PROBES, "--timeout", "5"]
-    return {"exec": {"command": command}, "periodSeconds": period, "timeoutSeconds": 10,
-            "failureThreshold": failures}
+def probe_command(d: Deployment, mode: str) -> list[str]:
+    """The probe a kubelet execs: ``liveness`` or ``readiness`` (docker/healthcheck.py)."""
+    command = ["python3", HEALTHCHECK, "--mode", mode, "--url", f"http://127.0.0.1:{HTTP_PORT}",
+               "--status-url", STATUS_URL]
+    if mode == "readiness":
+        command += ["--repository", d.repository, "--probes", PROBES]
+    # Two requests of 4 s (liveness) or a budget of 8 s (readiness): below the probe's
+    # timeoutSeconds (10), so the command ends first, with its own verdict.
+    return command + ["--timeout", "4"]
+
+
+def _probe(d: Deployment, mode: str, period: int, failures: int) -> dict[str, Any]:
+    return {"exec": {"command": probe_command(d, mode)}, "periodSeconds": period,
+            "timeoutSeconds": 10, "failureThreshold": failures}
 
 
 def _resources(cpu: int, memory_mib: int, gpus: int) -> dict[str, Any]:
@@ -168,17 +258,16 @@ _CONTAINER_SECURITY = {
 }
 
 
-def deployment(d: Deployment) -> dict[str, Any]:
-    """The Deployment: builder init container, then tritonserver with the health probe."""
-    r = d.resources
-    builder = {
+def _builder(d: Deployment, output: str) -> dict[str, Any]:
+    """``tools build-repo`` in the builder image (dev-build init container, plans Job)."""
+    return {
         "name": "build-repository",
         "image": d.builder_image,
         "command": ["tools", "build-repo", "--target", d.target, "--spec",
-                    f"{PROJECT}/repository.yaml", "--output", d.repository, "--no-progress"],
+                    f"{PROJECT}/repository.yaml", "--output", output, "--no-progress"],
         "workingDir": PROJECT,
         "env": [{"name": "HOME", "value": "/tmp"}],
-        "resources": _resources(r.cpu, BUILDER_MEMORY_MIB[d.target], r.gpus),
+        "resources": _resources(d.resources.cpu, BUILDER_MEMORY_MIB[d.target], d.resources.gpus),
         "securityContext": _CONTAINER_SECURITY,
         "volumeMounts": [
             {"name": "repositories", "mountPath": REPOSITORIES},
@@ -188,39 +277,119 @@ def deployment(d: Deployment) -> dict[str, Any]:
             {"name": "build-cache", "mountPath": f"{PROJECT}/.cache"},
         ],
     }
+
+
+def _verifier(d: Deployment) -> dict[str, Any]:
+    """Hash every file against build_manifest.json; a mismatch fails the pod's start."""
+    command = ["python3", VERIFY, "--repository", d.repository, "--target", d.target]
+    if d.manifest_sha256:
+        command += ["--manifest-sha256", d.manifest_sha256]
+    return {
+        "name": "verify-repository",
+        "image": d.image,
+        "command": command,
+        "resources": _resources(1, VERIFY_MEMORY_MIB, 0),
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [_repository_mount(d)],
+    }
+
+
+def _repository_mount(d: Deployment) -> dict[str, Any]:
+    if d.source == "artifact" and d.image_volume:
+        return {"name": "repositories", "mountPath": IMAGE_VOLUME_MOUNT, "readOnly": True}
+    return {"name": "repositories", "mountPath": REPOSITORIES, "readOnly": True}
+
+
+def _init_containers(d: Deployment) -> list[dict[str, Any]]:
+    if d.source == "dev-build":
+        return [_builder(d, d.repository)]
+    if d.source == "plans-job":
+        return [_verifier(d)]
+    if d.image_volume:
+        return [_verifier(d)]
+    fetch = {
+        "name": "fetch-repository",
+        "image": d.artifact_reference,
+        # The artifact holds /repository and a static busybox, nothing else (tools deploy package).
+        "command": ["/bin/busybox", "cp", "-R", "/repository", d.repository],
+        "resources": _resources(1, VERIFY_MEMORY_MIB, 0),
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "repositories", "mountPath": REPOSITORIES}],
+    }
+    return [fetch, _verifier(d)]
+
+
+def _repository_volume(d: Deployment, weights_mib: int) -> dict[str, Any]:
+    if d.source == "artifact" and d.image_volume:
+        return {"name": "repositories",
+                "image": {"reference": d.artifact_reference, "pullPolicy": "IfNotPresent"}}
+    if d.source == "plans-job":
+        return {"name": "repositories",
+                "persistentVolumeClaim": {"claimName": d.plans_claim, "readOnly": True}}
+    return {"name": "repositories", "emptyDir": {"sizeLimit": f"{weights_mib}Mi"}}
+
+
+def repository_size_mib(d: Deployment) -> int:
+    """The repository emptyDir's sizeLimit: the build's output, with room (4 GiB at least)."""
+    return max(4096, 2 * sum(mib for name, mib in d.resources.breakdown if " x" in name))
+
+
+def deployment(d: Deployment) -> dict[str, Any]:
+    """The Deployment: the repository (copied artifact, image volume, claim, or dev build),
+    then tritonserver under tini and the supervisor, with busy-aware probes."""
+    r = d.resources
     triton = {
         "name": "triton",
         "image": d.image,
-        "command": ["/bin/sh", f"{PROJECT}/docker/triton-entrypoint.sh"],
+        # tini is PID 1: it reaps orphans (a stub whose server died) and forwards signals.
+        "command": [TINI, "-g", "--", "/bin/sh", f"{PROJECT}/docker/triton-entrypoint.sh"],
         "args": server_args(d),
         "env": [
             {"name": "TRITON_ADMIN_KEY", "valueFrom": {"secretKeyRef": {
                 "name": ADMIN_SECRET, "key": ADMIN_SECRET_KEY}}},
             {"name": "MODEL_REPOSITORY", "value": d.repository},
             # The watchdog (docker/triton_supervisor.py) only reloads a model whose Python stub
-            # died; restarting the container on failed checks is the kubelet's probes' job.
+            # died; restarting the container is the kubelet's (liveness) job.
             {"name": "TRITON_WATCHDOG", "value": "recover"},
+            # The supervisor's status endpoint (probes, PodMonitor) and its retry of a model
+            # past the restart budget: 5 s doubling to 5 min (docker/triton-entrypoint.sh).
+            {"name": "FORGE_METRICS_PORT", "value": str(STATUS_PORT)},
+            {"name": "TRITON_RETRY_BACKOFF", "value": "5"},
+            {"name": "TRITON_RETRY_BACKOFF_MAX", "value": "300"},
             {"name": "HOME", "value": "/tmp"},
         ],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            {"name": STATUS_PORT_NAME, "containerPort": STATUS_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(r.cpu, r.memory_mib, r.gpus),
-        # Up to 10 min for loading and warm-up; then ready within 20 s of a dead stub, and
-        # restarted after a minute of failures.
-        "startupProbe": _health_probe(d, period=5, failures=120),
-        "readinessProbe": _health_probe(d, period=10, failures=2),
-        "livenessProbe": _health_probe(d, period=15, failures=4),
+        # Startup: readiness, up to 10 min for loading and warm-up. Readiness: out of the
+        # Service 20 s after a model stops being ready or a stub dies (busy answers pass).
+        # Liveness: restarted after 30 s without /v2/health/live or with a model given up;
+        # a full queue never fails it.
+        "startupProbe": _probe(d, "readiness", period=5, failures=120),
+        "readinessProbe": _probe(d, "readiness", period=10, failures=2),
+        "livenessProbe": _probe(d, "liveness", period=10, failures=3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_S)]}}},
         "securityContext": _CONTAINER_SECURITY,
         "volumeMounts": [
-            {"name": "repositories", "mountPath": REPOSITORIES, "readOnly": True},
+            _repository_mount(d),
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+    volumes = [
+        _repository_volume(d, repository_size_mib(d)),
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_mib}Mi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
+    if d.source == "dev-build":
+        volumes += [
+            {"name": "spec", "configMap": {"name": d.spec_configmap}},
+            {"name": "build-cache", "emptyDir": {"sizeLimit": "4Gi"}},
+        ]
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -229,7 +398,7 @@ def deployment(d: Deployment) -> dict[str, Any]:
             "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [builder],
+        "initContainers": _init_containers(d),
         "containers": [triton],
         "topologySpreadConstraints": [
             {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
@@ -237,18 +406,15 @@ def deployment(d: Deployment) -> dict[str, Any]:
              "matchLabelKeys": ["pod-template-hash"]}
             for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
         ],
-        "volumes": [
-            {"name": "repositories", "emptyDir": {}},
-            {"name": "spec", "configMap": {"name": d.spec_configmap}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_mib}Mi"}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-            {"name": "build-cache", "emptyDir": {"sizeLimit": "4Gi"}},
-        ],
+        "volumes": volumes,
     }
     if d.target == "gpu":
         pod_spec["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
+    if d.gpu_product:
+        # TensorRT plans run only on the GPU model they were built for.
+        pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: d.gpu_product}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -256,11 +422,76 @@ def deployment(d: Deployment) -> dict[str, Any]:
         "spec": {
             # No `replicas`: the autoscaler owns it (re-applying would reset it).
             "selector": {"matchLabels": selector(d)},
-            "strategy": {"type": "RollingUpdate",
-                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(ROLLOUT[d.target])},
             "minReadySeconds": 10,
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_S[d.target],
             "revisionHistoryLimit": 5,
             "template": {"metadata": {"labels": labels(d)}, "spec": pod_spec},
+        },
+    }
+
+
+def plans_job(d: Deployment) -> list[dict[str, Any]]:
+    """gpu: the claim and the Job that builds the repository (TensorRT plans included) once per
+    GPU product and builder image, on a node with that GPU. Pods only read the claim."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(d, d.plans_claim),
+        # The Job writes it once; pods on many nodes mount it read-only (an RWX storage class).
+        "spec": {"accessModes": ["ReadWriteMany"],
+                 "resources": {"requests": {"storage": f"{repository_size_mib(d)}Mi"}}},
+    }
+    builder = _builder(d, d.repository)
+    builder["volumeMounts"][0] = {"name": "repositories", "mountPath": REPOSITORIES}
+    pod = {
+        "restartPolicy": "OnFailure",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "nodeSelector": {GPU_PRODUCT_LABEL: d.gpu_product or ""},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [builder],
+        "volumes": [
+            {"name": "repositories", "persistentVolumeClaim": {"claimName": d.plans_claim}},
+            {"name": "spec", "configMap": {"name": d.spec_configmap}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
+            {"name": "build-cache", "emptyDir": {"sizeLimit": "4Gi"}},
+        ],
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(d, d.plans_claim),
+        "spec": {"backoffLimit": 2, "ttlSecondsAfterFinished": 86400,
+                 "template": {"metadata": {"labels": {**labels(d), "app.kubernetes.io/component": "plans"}},
+                              "spec": pod}},
+    }
+    return [claim, job]
+
+
+def network_policy(d: Deployment) -> dict[str, Any]:
+    """Inference ports from labelled client pods only; metrics ports from the monitoring
+    namespace only. Everything else into the pods is dropped."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(d),
+        "spec": {
+            "podSelector": {"matchLabels": selector(d)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
+                 "ports": [{"protocol": "TCP", "port": HTTP_PORT},
+                           {"protocol": "TCP", "port": GRPC_PORT}]},
+                {"from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": d.monitoring_namespace}}}],
+                 "ports": [{"protocol": "TCP", "port": METRICS_PORT},
+                           {"protocol": "TCP", "port": STATUS_PORT}]},
+            ],
         },
     }
 
@@ -302,16 +533,25 @@ def pod_disruption_budget(d: Deployment) -> dict[str, Any]:
     }
 
 
+def _monitor_meta(d: Deployment) -> dict[str, Any]:
+    """PodMonitor / PrometheusRule metadata: the Operator's selectors pick them by these labels."""
+    return _meta(d, extra=dict(d.monitor_labels))
+
+
 def pod_monitor(d: Deployment) -> dict[str, Any]:
-    """Prometheus Operator PodMonitor: scrapes `metrics`, attaches namespace and pod labels."""
+    """Prometheus Operator PodMonitor: Triton's `metrics` and the supervisor's `forge-metrics`,
+    job ``triton-forge`` (the pods' name label), namespace and pod labels attached."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _meta(d),
+        "metadata": _monitor_meta(d),
         "spec": {
+            "jobLabel": "app.kubernetes.io/name",
             "selector": {"matchLabels": selector(d)},
-            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s",
-                                     "scrapeTimeout": "10s"}],
+            "podMetricsEndpoints": [
+                {"port": port, "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+                for port in ("metrics", STATUS_PORT_NAME)
+            ],
         },
     }
 
@@ -319,12 +559,17 @@ def pod_monitor(d: Deployment) -> dict[str, Any]:
 def prometheus_rule(d: Deployment, objectives: tuple[promql.Objective, ...]) -> dict[str, Any]:
     """Prometheus Operator PrometheusRule holding ``promql.rule_groups``."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": _meta(d), "spec": {"groups": promql.rule_groups(objectives)}}
+            "metadata": _monitor_meta(d),
+            "spec": {"groups": promql.rule_groups(objectives, d.namespace, _rate_model(d))}}
+
+
+def _rate_model(d: Deployment) -> str | None:
+    return d.capacity.scenario if d.capacity else None
 
 
 def _scaling_behavior() -> dict[str, Any]:
-    # Up at once (a new replica takes the builder plus loading to help); down slowly, one pod
-    # per minute after 5 min of low signal, so a lull between bursts does not drop capacity.
+    # Up at once (a new replica takes the artifact copy plus loading to help); down slowly, one
+    # pod per minute after 5 min of low signal, so a lull between bursts does not drop capacity.
     return {
         "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
                     "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60},
@@ -335,7 +580,17 @@ def _scaling_behavior() -> dict[str, Any]:
 
 
 def horizontal_pod_autoscaler(d: Deployment) -> dict[str, Any]:
-    """autoscaling/v2 HPA on the queue signal through prometheus-adapter (Pods metric)."""
+    """autoscaling/v2 HPA through prometheus-adapter (Pods metrics): the queue signal, and with
+    ``--from-tune`` the measured per-pod request rate too (the HPA takes the larger count)."""
+    metrics = [{"type": "Pods", "pods": {
+        "metric": {"name": promql.QUEUE_METRIC},
+        "target": {"type": "AverageValue", "averageValue": str(d.queue_target_us)},
+    }}]
+    if d.capacity:
+        metrics.append({"type": "Pods", "pods": {
+            "metric": {"name": promql.RATE_METRIC},
+            "target": {"type": "AverageValue", "averageValue": _quantity(d.capacity.target_rps)},
+        }})
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -344,17 +599,47 @@ def horizontal_pod_autoscaler(d: Deployment) -> dict[str, Any]:
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": NAME},
             "minReplicas": d.min_replicas,
             "maxReplicas": d.max_replicas,
-            "metrics": [{"type": "Pods", "pods": {
-                "metric": {"name": promql.QUEUE_METRIC},
-                "target": {"type": "AverageValue", "averageValue": str(d.queue_target_us)},
-            }}],
+            "metrics": metrics,
             "behavior": _scaling_behavior(),
         },
     }
 
 
-def scaled_object(d: Deployment, prometheus_url: str) -> dict[str, Any]:
-    """KEDA ScaledObject: the same signal and target through KEDA's Prometheus trigger."""
+def _quantity(value: float) -> str:
+    """A Kubernetes quantity in milli-units (``1234m``), exact for fractional rates."""
+    return f"{round(value * 1000)}m"
+
+
+def fallback_replicas(d: Deployment) -> int:
+    """KEDA's replicas while the signal is missing: fail closed at the capacity for the peak."""
+    return d.capacity.max_replicas if d.capacity else d.max_replicas
+
+
+def scaled_object(d: Deployment) -> dict[str, Any]:
+    """KEDA ScaledObject: the same signals and targets through KEDA's Prometheus trigger; a
+    missing series is an error (``ignoreNullValues: false``), and errors fall back to
+    ``fallback_replicas`` (never below the current count)."""
+    triggers = [{
+        "type": "prometheus",
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": d.prometheus_url,
+            "query": promql.keda_query(d.namespace, NAME),
+            "threshold": str(d.queue_target_us),
+            "ignoreNullValues": "false",
+        },
+    }]
+    if d.capacity:
+        triggers.append({
+            "type": "prometheus",
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": d.prometheus_url,
+                "query": promql.keda_rate_query(d.namespace, NAME),
+                "threshold": f"{d.capacity.target_rps:g}",
+                "ignoreNullValues": "false",
+            },
+        })
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -364,15 +649,9 @@ def scaled_object(d: Deployment, prometheus_url: str) -> dict[str, Any]:
             "minReplicaCount": d.min_replicas,
             "maxReplicaCount": d.max_replicas,
             "pollingInterval": 15,
+            "fallback": {"failureThreshold": 3, "replicas": fallback_replicas(d),
+                         "behavior": "currentReplicasIfHigher"},
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _scaling_behavior()}},
-            "triggers": [{
-                "type": "prometheus",
-                "metricType": "AverageValue",
-                "metadata": {
-                    "serverAddress": prometheus_url,
-                    "query": promql.keda_query(d.namespace, NAME),
-                    "threshold": str(d.queue_target_us),
-                },
-            }],
+            "triggers": triggers,
         },
     }

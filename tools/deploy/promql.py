@@ -30,6 +30,24 @@ QUEUE_EXPR = (
     " / clamp_min("
     f"sum by (namespace, pod, model) (rate(nv_inference_request_success[{QUEUE_WINDOW}])), 0.001))"
 )
+# Requests/s one pod answers for the measured pipeline (``--from-tune``): the capacity signal.
+RATE_RECORD = "triton_forge:requests_per_second"
+RATE_METRIC = "triton_requests_per_second"
+
+
+def rate_expr(model: str) -> str:
+    """Successful requests/s of ``model`` per pod, over the queue signal's window."""
+    return (f'sum by (namespace, pod) (rate(nv_inference_request_success{{model="{model}"}}'
+            f"[{QUEUE_WINDOW}]))")
+
+
+# The job every scrape of the pods carries: the PodMonitor takes it from the pods'
+# app.kubernetes.io/name label; docker/prometheus.yml names its job the same.
+JOB = "triton-forge"
+# How long a missing signal or a down target waits before it alerts.
+ABSENT_FOR = "10m"
+DOWN_FOR = "5m"
+
 # The HPA's target: a fraction of the strictest P99 objective spent waiting in Triton's queues.
 QUEUE_TARGET_FRACTION_OF_P99 = 0.1
 # kube-controller-manager's --horizontal-pod-autoscaler-tolerance default.
@@ -139,10 +157,53 @@ P99_RECORD = "triton_forge:request_p99_seconds"
 P99_BAD_RECORD = "triton_forge:p99_over_slo:bool"
 
 
-def rule_groups(objs: Sequence[Objective]) -> list[dict[str, Any]]:
-    """The Prometheus rule groups: the queue signal, SLO recording rules, burn-rate alerts."""
+def signal_alerts(namespace: str) -> list[dict[str, Any]]:
+    """Alerts on the signals themselves: a scrape target down, no target at all, the autoscaling
+    signal missing, the HPA unable to scale, a model the supervisor keeps down."""
+    hpas = f"{JOB}|keda-hpa-{JOB}"  # KEDA names the HPA it creates keda-hpa-<ScaledObject>
+
+    def alert(name: str, expr: str, duration: str, severity: str, summary: str,
+              description: str) -> dict[str, Any]:
+        return {"alert": name, "expr": expr, "for": duration,
+                "labels": {"severity": severity},
+                "annotations": {"summary": summary, "description": description}}
+
+    return [
+        alert("TritonForgeTargetDown", f'up{{job="{JOB}"}} == 0', DOWN_FOR, "page",
+              "{{ $labels.instance }}: Prometheus cannot scrape it",
+              "A triton-forge pod's metrics endpoint does not answer: its queue signal, SLO "
+              "figures and recovery metrics are missing."),
+        alert("TritonForgeMetricsAbsent", f'absent(up{{job="{JOB}"}})', ABSENT_FOR, "page",
+              f"No {JOB} target is scraped at all",
+              "The PodMonitor is not selected by the Prometheus Operator (check its labels: "
+              "--monitor-label), or no pod runs. The autoscaler is blind."),
+        alert("TritonForgeScalingSignalAbsent", f"absent({QUEUE_RECORD})", ABSENT_FOR, "page",
+              f"The autoscaling signal {QUEUE_RECORD} is missing",
+              "The recording rule is not loaded or has no input: the HPA reports <unknown> and "
+              "holds its replica count; KEDA falls back to its fallback replicas."),
+        alert("TritonForgeHPAScalingInactive",
+              f'kube_horizontalpodautoscaler_status_condition{{namespace="{namespace}", '
+              f'horizontalpodautoscaler=~"{hpas}", condition="ScalingActive", status="false"}} == 1',
+              ABSENT_FOR, "page",
+              "{{ $labels.horizontalpodautoscaler }}: ScalingActive is False",
+              "The HPA cannot compute a replica count (metric missing in the custom-metrics "
+              "API: prometheus-adapter, its rules, or the recording rule)."),
+        alert("TritonForgeModelDown", "max by (namespace, pod, model) (triton_forge_model_down) > 0",
+              DOWN_FOR, "ticket",
+              "{{ $labels.pod }}: model {{ $labels.model }} down",
+              "The supervisor reports the model down or retrying in backoff (its Python stub "
+              "keeps dying); the pod is out of the Service while it is."),
+    ]
+
+
+def rule_groups(objs: Sequence[Objective], namespace: str = "triton-forge",
+                rate_model: str | None = None) -> list[dict[str, Any]]:
+    """The Prometheus rule groups: the queue signal (and with ``rate_model`` the request rate),
+    SLO recording rules, burn-rate alerts and alerts on the signals themselves."""
     models = _models(objs)
     recording: list[dict[str, Any]] = [{"record": QUEUE_RECORD, "expr": QUEUE_EXPR}]
+    if rate_model:
+        recording.append({"record": RATE_RECORD, "expr": rate_expr(rate_model)})
     recording += [{"record": error_record(w), "expr": _error_ratio(w, models)} for w in SLO_WINDOWS]
     recording.append({
         "record": P99_RECORD,
@@ -190,32 +251,45 @@ def rule_groups(objs: Sequence[Objective]) -> list[dict[str, Any]]:
     return [
         {"name": "triton-forge-recording", "rules": recording},
         {"name": "triton-forge-slo-alerts", "rules": alerts},
+        {"name": "triton-forge-signal-alerts", "rules": signal_alerts(namespace)},
     ]
 
 
-def rule_file(objs: Sequence[Objective]) -> dict[str, Any]:
+def rule_file(objs: Sequence[Objective], namespace: str = "triton-forge",
+              rate_model: str | None = None) -> dict[str, Any]:
     """A Prometheus rule file (``rule_files:`` / ``promtool test rules``)."""
-    return {"groups": rule_groups(objs)}
+    return {"groups": rule_groups(objs, namespace, rate_model)}
 
 
-def adapter_rules() -> dict[str, Any]:
-    """prometheus-adapter's ``rules:`` config exposing ``QUEUE_METRIC`` per pod.
+def adapter_rules(with_rate: bool = False) -> dict[str, Any]:
+    """prometheus-adapter's ``rules:`` config exposing ``QUEUE_METRIC`` (and ``RATE_METRIC``)
+    per pod.
 
     No namespace is written into the series query (the mistake of server#6247): the adapter's
     resource overrides map the ``namespace`` and ``pod`` labels that the PodMonitor attaches.
     """
+    pairs = [(QUEUE_RECORD, QUEUE_METRIC)] + ([(RATE_RECORD, RATE_METRIC)] if with_rate else [])
     return {
         "rules": [{
-            "seriesQuery": f'{QUEUE_RECORD}{{namespace!="",pod!=""}}',
+            "seriesQuery": f'{record}{{namespace!="",pod!=""}}',
             "resources": {
                 "overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}},
             },
-            "name": {"matches": f"^{QUEUE_RECORD}$", "as": QUEUE_METRIC},
+            "name": {"matches": f"^{record}$", "as": metric},
             "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
-        }]
+        } for record, metric in pairs]
     }
 
 
-def keda_query(namespace: str, pod_prefix: str) -> str:
-    """KEDA's Prometheus trigger query: the signal summed over the pods (AverageValue divides)."""
-    return f'sum({QUEUE_RECORD}{{namespace="{namespace}", pod=~"{pod_prefix}-.*"}}) or vector(0)'
+def keda_query(namespace: str, pod_prefix: str, record: str = QUEUE_RECORD) -> str:
+    """KEDA's Prometheus trigger query: a signal summed over the pods (AverageValue divides).
+
+    No ``or vector(0)``: a missing series must be an error (the trigger sets
+    ``ignoreNullValues: false``), so KEDA falls back instead of holding minReplicas silently.
+    """
+    return f'sum({record}{{namespace="{namespace}", pod=~"{pod_prefix}-.*"}})'
+
+
+def keda_rate_query(namespace: str, pod_prefix: str) -> str:
+    """The measured-capacity trigger's query (``--from-tune``)."""
+    return keda_query(namespace, pod_prefix, RATE_RECORD)

@@ -6,7 +6,9 @@ Requests equal limits (Guaranteed QoS). Every number below is a rule docs/kubern
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from tools.build_repo.spec import ModelSpec, PythonModelSpec, RepoSpec, TensorSpec, resolve_reference
 from tools.errors import UserInputError
@@ -80,17 +82,37 @@ def shm_region_mib(model: ModelSpec | PythonModelSpec) -> int:
     return SHM_STEP_MIB + _round_up(total / MIB, SHM_STEP_MIB)
 
 
-def weights_mib(model: ModelSpec) -> int:
-    """The size of the model's weights files (its spec's ``weights`` reference)."""
-    if not model.weights:
-        return DEFAULT_WEIGHTS_MIB
-    files = resolve_reference(model.weights, f"model {model.name!r}: weights: ")()
-    return max(1, math.ceil(sum(f.stat().st_size for f in files) / MIB))
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".plan", ".xml")
+
+
+def _size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*")
+               if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
+def weights_mib(model: ModelSpec, built: Mapping[str, int] | None = None) -> int:
+    """The size of what the model's instances load, in MiB.
+
+    From the build manifest when given (``built``: model -> bytes of its version folder, the
+    artifact's record), else from the spec: its ``weights`` reference, a recipe's folder or an
+    ONNX file. ``DEFAULT_WEIGHTS_MIB`` only when none of these names a file.
+    """
+    if built is not None and model.name in built:
+        return max(1, math.ceil(built[model.name] / MIB))
+    if model.weights:
+        files = resolve_reference(model.weights, f"model {model.name!r}: weights: ")()
+        return max(1, math.ceil(sum(f.stat().st_size for f in files) / MIB))
+    local = getattr(model, "onnx", "") or (model.recipe.path if model.recipe else None)
+    if local and Path(local).exists():
+        return max(1, math.ceil(_size_of(Path(local)) / MIB))
+    return DEFAULT_WEIGHTS_MIB
 
 
 def size_pod(
     spec: RepoSpec, target: str, *, cpu: int | None = None, gpus: int | None = None,
-    memory_mib: int | None = None,
+    memory_mib: int | None = None, built_weights: Mapping[str, int] | None = None,
 ) -> PodResources:
     """Size one replica for ``target``.
 
@@ -100,6 +122,8 @@ def size_pod(
         cpu: Cores per replica; default the spec's ``cpu_cores``.
         gpus: GPUs per replica (gpu target); default one more than the highest index used.
         memory_mib: Memory per replica; default the computed need (a smaller value is an error).
+        built_weights: Model -> bytes of its built files (the artifact record, from the build
+            manifest); without it, weights are read from the files the spec names.
 
     Raises:
         ResourceError: a model's instances need more cores or GPUs than given, or the memory
@@ -129,7 +153,7 @@ def size_pod(
                 used_gpus.update(group.gpus or (0,))
         per = STUB_MIB if python_backend else 0
         if is_model:
-            per += 2 * weights_mib(m) + ACTIVATION_MIB
+            per += 2 * weights_mib(m, built_weights) + ACTIVATION_MIB
         lines.append((f"{m.name} x{count}", per * count))
         if python_backend:
             shm += count * shm_region_mib(m)

@@ -16,10 +16,11 @@ from tools.command import ToolCommand
 from tools import process
 from tools.errors import ServerError, UserInputError
 from tools.serve import health
-from tools.serve.recovery import ModelRecovery, RestartBudget
+from tools.serve.recovery import DEFAULT_METRICS_PORT, Backoff, ModelRecovery, RestartBudget
+from tools.serve.recovery import StatusEndpoint
 from tools.serve.http_guard import GuardLimits
 from tools.serve.server import STOP_GRACE_S, EmbeddedServer, resolve_binary
-from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, OPEN_ADMIN_ENV, binary_options
+from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, LOOPBACK, OPEN_ADMIN_ENV, binary_options
 
 _WATCH_INTERVAL_S = 1.0
 _PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
@@ -159,18 +160,27 @@ def _serve_until_signal(
     start_timeout: float,
     probes: Mapping[str, health.Request],
     budget: RestartBudget,
+    backoff: Backoff,
+    status: StatusEndpoint,
 ) -> None:
     """Announce the server and block while it runs.
 
     A Python stub that dies gets its model reloaded, and only that model (Triton 2.51 neither
-    restarts a stub nor reports it through readiness); a model over its restart budget is left
-    unloaded and reported. Probes that keep failing, or tritonserver itself exiting, restart
-    the whole server (on the same ports).
+    restarts a stub nor reports it through readiness); a model over its restart budget is
+    unloaded, reported, and retried with ``backoff``; ``status`` serves the models' state.
+    Probes that keep failing, or tritonserver itself exiting, restart the whole server (on the
+    same ports).
     """
+    recovery = None
     for restart in range(max_restarts + 1):
         # snapshot before announcing, so a death right after the announcement still counts
-        recovery = ModelRecovery(server.control, budget)
+        recovery = ModelRecovery(
+            server.control, budget, backoff=backoff, models=server.models,
+            restarts=recovery.total_restarts if recovery else None,
+            restart_failures=recovery.restart_failures if recovery else None)
+        status.source = recovery.status
         click.echo(_describe(server))
+        click.echo(f"status   {status.url}/status, {status.url}/metrics (model recovery)")
         try:
             reason = server.watch(
                 recovery.stubs,
@@ -194,6 +204,11 @@ def _serve_until_signal(
         click.echo(f"{reason}: restarting the server ({restart + 1}/{max_restarts})", err=True)
         server.stop()
         _start(server, start_timeout, probes)
+
+
+def _seconds_option(name: str, default: float, what: str):
+    return click.option(name, type=click.FloatRange(0.1), default=default, show_default=True,
+                        help=what)
 
 
 def _port_option(kind: str, default: int, what: str):
@@ -252,7 +267,8 @@ def _port_option(kind: str, default: int, what: str):
     default=3,
     show_default=True,
     help="Foreground only: reloads of one model whose Python stub died, within "
-    "--restart-window; one more death leaves the model unloaded (reported not ready).",
+    "--restart-window; one more death unloads it (reported not ready) and retries it with "
+    "--retry-backoff.",
 )
 @click.option(
     "--restart-window",
@@ -261,6 +277,13 @@ def _port_option(kind: str, default: int, what: str):
     show_default=True,
     help="Seconds of the sliding window --model-restarts counts in.",
 )
+@_seconds_option("--retry-backoff", 5.0,
+                 "Foreground only: seconds before the first retry of a model unloaded past "
+                 "--model-restarts; the delay doubles while retries fail.")
+@_seconds_option("--retry-backoff-max", 300.0,
+                 "Foreground only: the longest delay between retries of a model.")
+@_port_option("forge-metrics", DEFAULT_METRICS_PORT,
+              "Foreground only: model status (/status JSON, /metrics Prometheus)")
 @click.option(
     "--background",
     is_flag=True,
@@ -335,6 +358,9 @@ def serve(
     max_restarts: int,
     model_restarts: int,
     restart_window: float,
+    retry_backoff: float,
+    retry_backoff_max: float,
+    forge_metrics_port: int,
     background: bool,
     stop_: bool,
     pid_file: Path | None,
@@ -354,8 +380,12 @@ def serve(
     (no auto-completion). Every model is loaded at start (explicit model control); when a
     Python stub dies, only its model is reloaded (and the ensembles using it), the other
     models keep serving. A model that dies more than --model-restarts times in
-    --restart-window seconds is left unloaded and reported not ready. tritonserver exiting
-    by itself, or --probes that keep failing, restart the whole server (up to --max-restarts).
+    --restart-window seconds is unloaded with its ensembles, reported not ready, and loaded
+    again after --retry-backoff seconds (doubling while retries fail, up to
+    --retry-backoff-max). Each model's state and restart counters are served on
+    --forge-metrics-port (`status` line: /status JSON, /metrics Prometheus). tritonserver
+    exiting by itself, or --probes that keep failing, restart the whole server (up to
+    --max-restarts).
 
     The admin APIs (model repository, shared memory, trace, logging) are closed to callers
     without a per-server key, generated at each start and never printed; only this command
@@ -412,16 +442,26 @@ def serve(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _StopRequested(signal.Signals(signum).name)
 
+    status = StatusEndpoint(dict, LOOPBACK, forge_metrics_port)
+    try:
+        status.start()
+    except OSError as exc:
+        raise ServerError(
+            f"port {forge_metrics_port} (forge metrics) is already in use on {LOOPBACK}; "
+            f"choose another --forge-metrics-port, or 0 for a free one ({exc.strerror or exc})"
+        ) from exc
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         _start(server, start_timeout, requests)
         budget = RestartBudget(model_restarts, restart_window)
-        _serve_until_signal(server, max_restarts, start_timeout, requests, budget)
+        _serve_until_signal(server, max_restarts, start_timeout, requests, budget,
+                            Backoff(retry_backoff, max_s=retry_backoff_max), status)
     except _StopRequested as stop:
         click.echo(
             f"{stop}: draining in-flight requests (up to {exit_timeout} s) and stopping", err=True
         )
     finally:
+        status.stop()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -75,7 +75,8 @@ class ModelControl:
             raise ServerError(f"repository index of {self.http_url} is not a list: {index}")
         return index
 
-    def load_model(self, model: str, *, timeout_s: float = 60.0) -> None:
+    def load_model(self, model: str, *, timeout_s: float = 60.0,
+                   from_repository: bool = False) -> None:
         """Load ``model`` again: Triton builds new instances, switches to them once ready, then
         unloads the old ones, and reloads the ensembles that use the model.
 
@@ -85,9 +86,18 @@ class ModelControl:
         with the load, with one config parameter more, ``RELOAD_PARAMETER`` (a new value each
         time; no model reads it), which makes Triton build every instance anew.
 
+        Args:
+            model: The model.
+            timeout_s: How long Triton may take.
+            from_repository: Load it as its folder holds it, for a model that is not loaded
+                now (Triton has no config of it to send).
+
         Raises:
             ServerError: Triton refused or failed to load it (its reason in the message).
         """
+        if from_repository:
+            self._admin_call("load", model, timeout_s)
+            return
         with health.client(self.http_url, timeout_s=timeout_s) as triton:
             try:
                 config = triton.get_model_config(model)

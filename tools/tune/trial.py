@@ -11,14 +11,13 @@ import contextlib
 import io
 import os
 import shutil
-import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.bench.served import measure_served
+from tools.bench.served import measure
 from tools.build_repo.builders import builder_for
 from tools.manifest import MANIFEST_NAME, load_manifest
 from tools.build_repo.pipeline import build_repository
@@ -167,8 +166,8 @@ def measure_point(plan: LoadPlan, url: str, stats_url: str, requests: Sequence[R
     """One point (closed loop at ``level`` concurrency, or open loop at ``level`` req/s) with
     ``tools bench``'s load, and Triton's view of every model. The trial's one load call.
 
-    Triton's counters are read at the end of the warm-up (a timer beside the load) and at the
-    end, so the mean executed batch and the queue/compute split cover each model of the pipeline.
+    Triton's counters are metered over the measured window (``tools.load.TritonStats``), so the
+    mean executed batch and the queue/compute split cover each model of the pipeline.
 
     Args:
         plan: The load and the target.
@@ -179,30 +178,11 @@ def measure_point(plan: LoadPlan, url: str, stats_url: str, requests: Sequence[R
         pipeline: The model the requests go to.
         encoder: The model whose figures ``tools bench`` reports beside.
     """
-    snapshots: dict[str, Any] = {}
-
-    def before() -> None:
-        try:
-            snapshots["before"] = triton_stats.fetch_statistics(stats_url, "http")
-        except Exception as exc:  # noqa: BLE001 - reported with the point, the load goes on
-            snapshots["error"] = exc
-
     rate = float(level) if plan.open_loop else None
     concurrency = 0 if plan.open_loop else int(level)
-    timer = threading.Timer(plan.warmup_s, before)
-    timer.start()
-    try:
-        result = measure_served(plan.protocol, url, stats_url, (), concurrency,
-                                warmup_s=plan.warmup_s, duration_s=plan.duration_s,
-                                pipeline=pipeline, encoder_model=encoder, rate=rate,
-                                requests=requests)
-    finally:
-        timer.cancel()
-        timer.join()
-    models = {}
-    if "before" in snapshots:
-        after = triton_stats.fetch_statistics(stats_url, "http")
-        models = _model_figures(triton_stats.window(snapshots["before"], after))
+    result = measure(requests, plan.protocol, url, stats_url, concurrency=concurrency, rate=rate,
+                     warmup_s=plan.warmup_s, duration_s=plan.duration_s)
+    models = _model_figures(result.models)
     count = result.requests + result.errors
     ratio = result.errors / count if count else 0.0
     return Point(concurrency, result.requests, result.errors, ratio, result.throughput,

@@ -10,8 +10,9 @@ from pydantic.json_schema import SkipJsonSchema
 
 from tools.build_repo.spec.entries import Entry, ModelSpec, PipelineSpec, PythonModelSpec
 from tools.build_repo.spec.values import EntryName, Target
+from tools import paths
 from tools.errors import SpecError
-from tools.typed_yaml import PositiveInt, Rules, fail, strict
+from tools.typed_yaml import Omittable, PositiveInt, Rules, fail, strict
 
 # The sections of the file, and what their entries are called in messages.
 SECTIONS = {"models": "model", "python_models": "python model", "pipelines": "pipeline"}
@@ -52,11 +53,12 @@ class RepoSpec:
         "`intra_op_threads` must be ≤ `cpu_cores`. The ONNX Runtime session used for the "
         "build-time parity check also uses this many threads.",
     )
-    backends_folder: str = Field(
-        "backends/python",
+    backends_folder: Omittable[str] = Field(
+        None,
         alias="backends",
         description="Folder that holds the Python backends. A relative path is resolved against "
-        "the spec's folder.",
+        "the spec's folder. Default: the ones installed with triton-forge (`backends/python/` "
+        "of a checkout).",
     )
     models_by_name: dict[EntryName, Annotated[ModelSpec, AfterValidator(_fits_the_cores)]] = Field(
         default_factory=dict, alias="models", description="PyTorch models by name."
@@ -135,6 +137,8 @@ class RepoSpec:
     @property
     def backends(self) -> Path:
         """The folder of the Python backends, resolved against the spec's folder."""
+        if self.backends_folder is None:
+            return paths.BACKENDS
         folder = Path(self.backends_folder)
         return folder if folder.is_absolute() else self.root / folder
 

@@ -1,0 +1,215 @@
+"""The bench run: in-process limits, then the served sweep of every pipeline, in one process.
+
+``run_bench`` measures each text pipeline's tokenizer + encoder in this process at several batch
+sizes, then starts the embedded server (with the HTTP guard when ``tools serve`` would put it
+there) or uses the given one, and sweeps every pipeline over each protocol at each concurrency,
+ending each protocol with an open loop at half of its best served throughput.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools.bench.inprocess import InProcessEncoder, LimitResult, measure as measure_limit
+from tools.bench.served import measure
+from tools.bench.targets import Target, resolve
+from tools.errors import UserInputError
+from tools.load import Point
+
+Say = Callable[[str], None]
+UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guard
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one bench run measures (the command's options, checked).
+
+    Attributes:
+        repository: The built repository (its configs and files give the in-process limit).
+        texts_file: The texts' file; ``texts`` its non-blank lines.
+        pipelines: Pipelines or models to measure, in order; ``explicit`` when the user named
+            them (an unknown one is then an error, not skipped).
+        batch_sizes: In-process batch sizes.
+        levels: Served concurrency sweep.
+        protocols: ``grpc`` and/or ``http``.
+        duration_s, warmup_s: Of each served point.
+        min_seconds: In-process: at least this long per batch size.
+        half_load: End each protocol's sweep with an open loop at half its best throughput.
+        output: Folder for the server log (and the report).
+        url, grpc_url: A running server (both or neither); None: the embedded server.
+        http_guard: The embedded server's HTTP guard: None as ``tools serve`` decides (on for a
+            binary without ``--http-max-input-size``), or forced on/off.
+        guard_cost: Also sweep HTTP on tritonserver's own port, around the guard.
+    """
+
+    repository: Path
+    texts_file: Path
+    texts: tuple[str, ...]
+    pipelines: tuple[str, ...]
+    explicit: bool
+    batch_sizes: tuple[int, ...]
+    levels: tuple[int, ...]
+    protocols: tuple[str, ...]
+    duration_s: float
+    warmup_s: float
+    min_seconds: float
+    half_load: bool
+    output: Path
+    url: str | None = None
+    grpc_url: str | None = None
+    http_guard: bool | None = None
+    guard_cost: bool = False
+
+
+@dataclass
+class BenchRun:
+    """Everything one bench run measured, in order.
+
+    Attributes:
+        plan: What was asked.
+        targets: The pipelines measured.
+        limits: In-process results of the text pipelines.
+        served: Served points (closed loop, then the open loop at half load), per pipeline and
+            protocol.
+        limit_na: Pipeline -> why it has no in-process limit.
+        conditions: How it was measured (server, guard, load average, cores).
+        notes: Pipelines left out and why.
+        started: Start time (epoch seconds).
+    """
+
+    plan: BenchPlan
+    targets: list[Target]
+    limits: list[LimitResult] = field(default_factory=list)
+    served: list[Point] = field(default_factory=list)
+    limit_na: dict[str, str] = field(default_factory=dict)
+    conditions: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    started: float = 0.0
+
+
+def _guard_default() -> bool:
+    from tools.serve.server import resolve_binary
+    from tools.serve.server_config import binary_options
+
+    return "--http-max-input-size" not in binary_options(resolve_binary(None))
+
+
+@contextlib.contextmanager
+def _server(plan: BenchPlan, say: Say, conditions: dict[str, Any]) -> Iterator[dict[str, str]]:
+    """Protocol -> endpoint of the server measured (``http`` through the guard if it has one)."""
+    if plan.url and plan.grpc_url:
+        conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", http_guard=None)
+        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}
+        return
+    from tools.serve.http_guard import GuardLimits
+    from tools.serve.server import EmbeddedServer
+
+    guard = _guard_default() if plan.http_guard is None else plan.http_guard
+    server = EmbeddedServer(plan.repository, log_path=plan.output / "tritonserver.log",
+                            exit_timeout_s=10, http_guard=GuardLimits() if guard else None)
+    conditions.update(server="embedded", http_guard=guard)
+    say(f"starting the embedded tritonserver on {plan.repository} "
+        f"({'with' if guard else 'without'} the HTTP guard) ...")
+    server.start(timeout_s=300)
+    try:
+        say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
+        found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url}
+        if plan.guard_cost and guard:
+            found[UNGUARDED] = server.triton_http_url
+        yield found
+    finally:
+        server.stop()
+
+
+def _limits(run: BenchRun, say: Say) -> None:
+    plan = run.plan
+    for target in run.targets:
+        setup = target.setup
+        if setup is None:
+            run.limit_na[target.name] = target.limit_na
+            continue
+        say(f"in-process limit of {setup.pipeline} ({setup.encoder}, {setup.onnx_file}, "
+            f"{setup.runtime}): {len(plan.texts)} texts, one session with "
+            f"{setup.limit_threads} intra-op threads (served: {setup.instances} x "
+            f"{setup.intra_op_threads}), max_length {setup.max_length}")
+        try:
+            encoder = InProcessEncoder(setup)
+        except UserInputError as exc:
+            run.limit_na[target.name] = str(exc)
+            say(f"  no in-process limit: {exc}")
+            continue
+        for size in plan.batch_sizes:
+            for chunked in ([False, True] if (size > 1 and encoder.can_chunk) else [False]):
+                result = measure_limit(encoder, plan.texts, size, chunked=chunked,
+                                       min_seconds=plan.min_seconds)
+                run.limits.append(result)
+                say(f"  {result.variant} b={size}: {result.throughput:.1f} texts/s")
+        del encoder  # free the session's threads and memory before the next one and the server
+
+
+def _point_line(point: Point) -> str:
+    p99 = point.p99_ms if point.p99_ms is not None else float("nan")
+    return (f"{point.throughput:.1f} req/s, P99 {p99:.1f} ms, errors {point.errors}"
+            f"{' (' + point.first_error + ')' if point.first_error else ''}")
+
+
+def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -> None:
+    plan = run.plan
+    protocols = list(plan.protocols)
+    if UNGUARDED in endpoints and "http" in protocols:
+        protocols.insert(protocols.index("http") + 1, UNGUARDED)
+    for label in protocols:
+        sender = "http" if label == UNGUARDED else label
+        timing = {"warmup_s": plan.warmup_s, "duration_s": plan.duration_s}
+        own = []
+        for level in plan.levels:
+            point = measure(target.requests, sender, endpoints[label], endpoints["stats"],
+                            concurrency=level, label=label, **timing)
+            own.append(point)
+            say(f"  served {target.name} {label} c={level}: {_point_line(point)}")
+        run.served.extend(own)
+        if plan.half_load:
+            top = max(own, key=lambda p: p.throughput)
+            point = measure(target.requests, sender, endpoints[label], endpoints["stats"],
+                            rate=max(top.throughput / 2, 1.0), label=label, **timing)
+            run.served.append(point)
+            say(f"  served {target.name} {label} {point.label} (half of "
+                f"{top.throughput:.1f}): {_point_line(point)}")
+
+
+def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
+    """Measure the in-process limits, then serve and sweep every pipeline of ``plan``.
+
+    Args:
+        plan: What to measure.
+        say: Progress lines (stderr in the command).
+
+    Raises:
+        UserInputError: unknown pipelines, or ``guard_cost`` without an embedded guarded server.
+    """
+    if plan.guard_cost and (plan.url or plan.http_guard is False):
+        raise UserInputError("--guard-cost measures around the guard of the embedded server: "
+                             "leave out --url/--grpc-url and --no-http-guard")
+    targets, notes = resolve(plan.repository, plan.pipelines, plan.texts,
+                             explicit=plan.explicit)
+    run = BenchRun(plan, targets, notes=notes, started=time.time())
+    for note in notes:
+        say(note)
+    plan.output.mkdir(parents=True, exist_ok=True)
+    _limits(run, say)
+    run.conditions["load_average_start"] = round(os.getloadavg()[0], 2)
+    with _server(plan, say, run.conditions) as endpoints:
+        if plan.guard_cost and UNGUARDED not in endpoints:
+            raise UserInputError("--guard-cost: the server has no HTTP guard (the binary has "
+                                 "--http-max-input-size); nothing to measure around")
+        for target in targets:
+            _sweep(run, target, endpoints, say)
+    run.conditions["load_average_end"] = round(os.getloadavg()[0], 2)
+    run.conditions["cpus"] = os.cpu_count()
+    return run
