@@ -10,6 +10,7 @@ process role over the point.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -63,6 +64,30 @@ class OverloadPoint:
     refused: Mapping[str, int] = field(default_factory=dict)
     cores: Mapping[str, float] = field(default_factory=dict)
     load_average: float = 0.0
+
+
+def burst_heads(url: str, request: bytes, count: int, timeout_s: float = 30.0) -> list[bytes]:
+    """The response heads of ``count`` copies of ``request`` sent at once, each on its own
+    connection to ``url`` (``host:port``): a burst past a latency cap, to read its refusals."""
+    host, _, port = url.rpartition(":")
+    sockets = [socket.create_connection((host, int(port)), timeout=timeout_s)
+               for _ in range(count)]
+    heads = []
+    try:
+        for sock in sockets:
+            sock.sendall(request)
+        for sock in sockets:
+            reply = b""
+            while b"\r\n\r\n" not in reply:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+            heads.append(reply.partition(b"\r\n\r\n")[0])
+    finally:
+        for sock in sockets:
+            sock.close()
+    return heads
 
 
 def roles(server_pid: int, models: Sequence[str]) -> dict[str, list[int]]:
