@@ -9,6 +9,7 @@ tritonserver behind them: ``test_the_guards_refuse_*`` below and tests/test_reli
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +266,27 @@ def test_the_grpc_guard_refuses_over_the_cap_with_unavailable_and_retry_pushback
     assert int(pushback["grpc-retry-pushback-ms"]) > 0 and pushback["retry-after"] == "1", pushback
     # a request to the same model that is not an inference passes (metadata, ready, config)
     assert service_pb2.ModelMetadataResponse.FromString(other).name == "toy_capped"
+
+
+def test_a_guard_copied_without_the_admission_module_admits_all_and_says_so(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    # the images copy the guards file by file: one copied without tools/serve/admission.py
+    # still starts (the Dockerfiles copy it; this is the guard's side of that contract)
+    serve = Path(__file__).resolve().parents[1] / "tools" / "serve"
+    for name in ("http_guard.py", "grpc_guard.py"):
+        shutil.copy(serve / name, tmp_path / name)
+    code = ("import sys; sys.path.insert(0, '.'); sys.modules['tools'] = None; "  # no project
+            "import http_guard, grpc_guard; "
+            "print(http_guard.slo_admission_for(1), grpc_guard.slo_admission_for is "
+            "http_guard.slo_admission_for)")
+    alone = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+    assert alone.stdout.split() == ["None", "True"], alone.stderr
+    assert "no tools/serve/admission.py beside the guard" in alone.stderr
+    shutil.copy(serve / "admission.py", tmp_path / "admission.py")
+    beside = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert beside.stdout.startswith("<admission.SloAdmission object"), beside.stderr

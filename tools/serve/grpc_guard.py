@@ -28,10 +28,11 @@ import sys
 import zlib
 
 try:  # a module of the project
-    from tools.serve.http_guard import LOOPBACK, Admission, Overloaded, run, run_until_gone
+    from tools.serve.http_guard import (
+        LOOPBACK, Admission, Overloaded, run, run_until_gone, slo_admission_for)
 except ImportError:  # a file beside http_guard.py, as the CPU image runs it
     from http_guard import (  # type: ignore[no-redef]
-        LOOPBACK, Admission, Overloaded, run, run_until_gone)
+        LOOPBACK, Admission, Overloaded, run, run_until_gone, slo_admission_for)
 
 MAX_MESSAGE_BYTES = 16 * 2**20  # as the HTTP body limit (docker-compose.yml)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -444,13 +445,7 @@ async def serve(listen_port: int, upstream_port: int, max_message_bytes: int = M
     with ``watch_pid``, a SIGTERM waits up to ``drain_s`` for it to exit). With
     ``triton_http_port`` (where the model configs are read), requests are admitted by each
     model's latency target (``tools.serve.admission``)."""
-    admission = None
-    if triton_http_port is not None:
-        try:
-            from tools.serve.admission import SloAdmission
-        except ImportError:
-            from admission import SloAdmission  # type: ignore[no-redef]
-        admission = SloAdmission(triton_http_port, Overloaded)
+    admission = slo_admission_for(triton_http_port) if triton_http_port is not None else None
     server = await GrpcGuard(upstream_port, max_message_bytes, admission).listen(
         listen_address, listen_port)
     print(f"grpc guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, messages "
