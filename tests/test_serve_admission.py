@@ -40,16 +40,17 @@ def _serve(limit: LatencyLimit, clock: FakeClock, *, seconds: float, rate: float
     return refused
 
 
-def test_no_cap_until_completions_have_been_counted_for_a_while():
+def test_until_completions_have_been_counted_for_a_while_the_cap_is_the_initial_one():
     clock = FakeClock()
     limit = LatencyLimit(0.6, clock)
-    assert all(limit.acquire() for _ in range(500)), "a cold burst is admitted whole"
-    for _ in range(500):
+    admitted = sum(limit.acquire() for _ in range(500))
+    assert admitted == admission.INITIAL_IN_FLIGHT, "a cold burst is bounded"
+    for _ in range(admitted):
         limit.release(clock.now, True)
     clock.now += admission.RATE_TAU_S / 2
-    assert limit.cap() is None
+    assert not limit.measured and limit.cap() == admission.INITIAL_IN_FLIGHT
     clock.now += admission.RATE_TAU_S
-    assert limit.cap() is not None
+    assert limit.cap() and limit.measured
 
 
 def test_the_cap_is_the_mean_latency_target_times_the_measured_throughput():

@@ -12,8 +12,9 @@ own cap, so a direct call to an encoder is bounded like the pipeline in front of
 
 Little's law holds per class of requests sharing a queue, so the HTTP and the gRPC guard, each
 counting only its own requests, still keep the latency of both at the target. Before a model has
-answered any request the guard admits everything (the Triton-side bounds, the first step's queue
-policy and gate, hold meanwhile).
+measured its throughput the guard admits up to ``INITIAL_IN_FLIGHT`` (a cold burst at 4x would
+otherwise queue seconds of work at a model without a queue policy, and the target would then
+chase those latencies down).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ PEAK_TAU_S = 30.0  # how long the best throughput seen is remembered while laten
 ADAPT_S = 1.0  # at most this often the mean target is corrected from the measured P99 ...
 ADAPT_SAMPLES = 50  # ... of at least this many successes since the last correction
 MIN_IN_FLIGHT = 4  # the cap never goes below this (a model that answers slowly still gets some)
+INITIAL_IN_FLIGHT = 32  # the cap until the throughput is measured (as a closed loop of 32 users)
 CONFIG_TTL_S = 10.0  # a model's target is read again after this long (it may have been reloaded)
 
 
@@ -52,8 +54,8 @@ class LatencyLimit:
     rate alone sets the cap (the model has slowed, or other clients share it). ``target_s``
     starts at ``TARGET_SHARE`` of the P99 objective and follows the measured P99 of the
     successes: every ``ADAPT_S`` (given ``ADAPT_SAMPLES``) it is multiplied by
-    ``sqrt(objective / measured P99)``, within ``[MIN_SHARE, 1] × objective``. No cap until
-    completions have been counted for ``RATE_TAU_S``.
+    ``sqrt(objective / measured P99)``, within ``[MIN_SHARE, 1] × objective``. Until
+    completions have been counted for ``RATE_TAU_S`` the cap is ``INITIAL_IN_FLIGHT``.
 
     Args:
         p99_s: The P99 objective.
@@ -111,17 +113,21 @@ class LatencyLimit:
         self.target_s = min(self.p99_s, max(MIN_SHARE * self.p99_s, self.target_s * scale))
         self._recent.clear()
 
-    def cap(self) -> float | None:
-        """The most requests in flight now, or None while the rate is not measured (no cap)."""
+    @property
+    def measured(self) -> bool:
+        """Whether the throughput has been measured (before: the cap is ``INITIAL_IN_FLIGHT``)."""
+        return self.rate is not None
+
+    def cap(self) -> float:
+        """The most requests in flight now."""
         self._roll(self.clock())
         if self.rate is None:
-            return None
+            return INITIAL_IN_FLIGHT
         return max(MIN_IN_FLIGHT, self.target_s * max(self.rate, self.peak))
 
     def acquire(self) -> bool:
         """Count one request in flight if the cap allows; False: refuse it."""
-        cap = self.cap()
-        if cap is not None and self.in_flight + 1 > cap:
+        if self.in_flight + 1 > self.cap():
             return False
         self.in_flight += 1
         return True
