@@ -389,6 +389,7 @@ def test_require_gpu_passes_with_a_gpu_or_without_tensorrt_models(spec):
     onnx2trt.require_gpu(gpu, ["text_tokenizer"], probe=no_gpu)
 
 
+@pytest.mark.light_subprocess("without a GPU the build is refused before any export")
 def test_build_repo_cli_without_a_gpu_exits_1_naming_the_models(tmp_path):
     import subprocess
     import sys

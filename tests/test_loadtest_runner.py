@@ -25,6 +25,7 @@ from tools.loadtest.runner import (
     run_locust,
 )
 from tools.loadtest.slo import DEFAULT_SLO_FILE
+from waits import wait_until
 
 
 def _spec(tmp_path: Path, **kw) -> RunSpec:
@@ -41,7 +42,7 @@ def test_locust_command_runs_the_scenario_class_for_warmup_plus_duration(tmp_pat
     cmd = locust_command(_spec(tmp_path))
     assert cmd[-1] == "ScenarioGrpcUser"
     assert cmd[cmd.index("--scenario") + 1] == "image_classification"
-    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC)
+    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC.resolve())  # relative default, absolute for locust
     assert "--data" not in cmd and "--p99-ms" not in cmd
     assert cmd[cmd.index("-t") + 1] == "25s"
     assert cmd[cmd.index("-u") + 1] == "4"
@@ -162,13 +163,18 @@ def test_ctrl_c_to_tools_loadtest_leaves_no_locust_process_behind(tmp_path):
          "--duration", "300", "--warmup", "0", "--report-dir", str(report_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=LOCUSTFILE.parents[1],
     )
+    log = report_dir / "image_classification-http" / "locust.log"
+
+    def locust_logging() -> bool:
+        assert tools.poll() is None, tools.communicate()
+        # the runner writes the command line first; a line after it is locust's own, so the
+        # runner has started the child and is waiting on it
+        return bool(_locust_children(str(report_dir))) and log.exists() \
+            and len(log.read_text().splitlines()) > 1
+
     try:
-        deadline = time.monotonic() + 60
-        while not _locust_children(str(report_dir)) and time.monotonic() < deadline:
-            assert tools.poll() is None, tools.communicate()
-            time.sleep(0.2)
-        assert _locust_children(str(report_dir)), "locust never started"
-        time.sleep(1.0)  # let the runner settle into waiting on the child
+        wait_until(locust_logging, 60, lambda: "locust to start and log under tools loadtest; "
+                   f"log: {log.read_text()[-500:] if log.exists() else 'none'}")
         tools.send_signal(signal.SIGINT)  # Ctrl-C reaches tools only: locust has its own session
         _, err = tools.communicate(timeout=60)
     finally:

@@ -27,11 +27,14 @@ from tools.typed_yaml import (
 class QueuePolicySpec:
     """``default_queue_policy``: a bounded queue whose requests time out and are rejected."""
 
-    max_queue_size: PositiveInt = Field(
-        64, description="`default_queue_policy { max_queue_size }`."
+    max_queue_size: NonNegativeInt = Field(
+        64, description="`default_queue_policy { max_queue_size }`; 0: no bound on the length, "
+        "only the timeout."
     )
     default_timeout_microseconds: PositiveInt = Field(
-        1_000_000, description="`default_queue_policy { default_timeout_microseconds }`."
+        1_000_000, description="`default_queue_policy { default_timeout_microseconds }`, "
+        "rendered at most the model's P99 objective from the SLO file (a request that waited "
+        "that long has missed it)."
     )
     timeout_action: Literal["REJECT", "DELAY"] = Field(
         "REJECT",
@@ -59,8 +62,11 @@ class DynamicBatchingSpec:
         description="`default_queue_policy { timeout_action, default_timeout_microseconds, "
         "max_queue_size }`. `null`: no queue policy, so Triton's batcher prefetches the next "
         "batch while every instance is busy and an instance that finishes starts it at once "
-        "(with a policy it waits for the next request to arrive). The queue is then unbounded: "
-        "allowed only for a model that a pipeline step's queue gate (`admission_models`) names.",
+        "(with a policy it waits for the next request to arrive). The queue length is then bound "
+        "by a pipeline step's queue gate (`admission_models`), which must name the model, and "
+        "the guards of `tools serve` admit its direct calls by its P99 objective. On the gpu "
+        "target (no guard) a model with a P99 objective in the SLO file gets a queue policy "
+        "with that timeout instead.",
     )
 
 
