@@ -159,7 +159,7 @@ def test_ctrl_c_to_tools_loadtest_leaves_no_locust_process_behind(tmp_path):
     tools = subprocess.Popen(
         [sys.executable, "-m", "tools.cli", "loadtest", "--url", "127.0.0.1:9",
          "--scenario", "image_classification", "--protocol", "http", "--rate", "2",
-         "--duration", "300", "--warmup", "0", "--report-dir", str(report_dir)],
+         "--duration", "300", "--warmup", "0", "--output", str(report_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=LOCUSTFILE.parents[1],
     )
     try:
@@ -199,8 +199,8 @@ def test_run_names_the_summary_file_when_the_run_left_it_half_written(tmp_path, 
     ("command", "option", "shown"),
     [
         ("loadtest", "--slo-file", "loadtests/slo.yaml of this project"),
-        ("tune", "--slo", "loadtests/slo.yaml of this project"),
-        ("bench", "--texts", "loadtests/data/texts.txt of this project"),
+        ("tune", "--slo-file", "loadtests/slo.yaml of this project"),
+        ("bench", "--data", "loadtests/data/texts.txt of this project"),
     ],
 )
 def test_help_shows_a_project_relative_default_not_this_machines_path(command, option, shown):
