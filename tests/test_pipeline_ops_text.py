@@ -144,15 +144,18 @@ def test_tokenize_requests_pads_each_request_to_its_own_longest_text(tokenizer):
     assert second["attention_mask"].sum(axis=1).tolist() == [len(short), len(long_)]
 
 
+class CountingTokenizer:
+    """The real tokenizer, recording every ``encode_batch`` call's inputs."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+
+    def encode_batch(self, texts, **kwargs):
+        self.batches.append(list(texts))
+        return self.inner.encode_batch(texts, **kwargs)
+
+
 def test_tokenize_requests_encodes_all_requests_with_one_batch_call(tokenizer):
-    class CountingTokenizer:
-        def __init__(self, inner):
-            self.inner, self.batches = inner, []
-
-        def encode_batch(self, texts, **kwargs):
-            self.batches.append(list(texts))
-            return self.inner.encode_batch(texts, **kwargs)
-
     counting = CountingTokenizer(tokenizer)
     tokenize_requests(
         counting, [{"TEXT": _text("a", "b")}, {"TEXT": _text("")}, {"TEXT": _text("c")}]
@@ -173,3 +176,70 @@ def test_tokenize_requests_truncates_instead_of_failing_when_text_exceeds_max_le
     (result,) = tokenize_requests(tokenizer, [{"TEXT": _text("word " * 10000)}])
     assert result["input_ids"].shape == (1, 256)
     assert result["input_ids"][0, -1] == SEP
+
+
+# --- pairs (cross-encoders) and prompts ---------------------------------------------------------
+
+PAIRS = [("How do I bake bread?", "Mix flour, water and yeast, then bake."),
+         ("A man is eating food. " * 80, "Stock markets fell sharply on Monday. " * 30),
+         ("Hello!", "Hi there, how are you today?")]
+
+
+def test_tokenize_requests_matches_transformers_on_pairs_cut_longest_first(tokenizer):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    reference = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    firsts, seconds = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+    expected = reference(firsts, seconds, truncation="longest_first", max_length=256)
+    results = tokenize_requests(tokenizer, [{"TEXT": _text(a), "TEXT_PAIR": _text(b)}
+                                            for a, b in PAIRS], pairs=True, token_types=True)
+    for row, result in enumerate(results):
+        n = int(result["attention_mask"].sum())
+        assert result["input_ids"][0, :n].tolist() == expected["input_ids"][row]
+        assert result["token_type_ids"][0, :n].tolist() == expected["token_type_ids"][row]
+    assert results[1]["input_ids"].shape == (1, 256)  # the long pair was cut to max_length
+
+
+def test_tokenize_requests_encodes_the_pairs_of_all_requests_with_one_batch_call(tokenizer):
+    counting = CountingTokenizer(tokenizer)
+    results = tokenize_requests(counting, [
+        {"TEXT": _text("a", "b"), "TEXT_PAIR": _text("x", "y")},
+        {"TEXT": _text("c"), "TEXT_PAIR": _text("z")},
+    ], pairs=True, token_types=True)
+    assert counting.batches == [[("a", "x"), ("b", "y"), ("c", "z")]]
+    assert results[0]["token_type_ids"].tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+
+
+def test_tokenize_requests_fails_only_the_request_whose_pair_rows_do_not_match(tokenizer):
+    results = tokenize_requests(tokenizer, [
+        {"TEXT": _text("a", "b"), "TEXT_PAIR": _text("x")},
+        {"TEXT": _text("c"), "TEXT_PAIR": None},
+        {"TEXT": _text("d"), "TEXT_PAIR": _text("w")},
+    ], pairs=True)
+    assert isinstance(results[0], InvalidInput) and "'TEXT_PAIR' has 1 rows and 'TEXT' 2" in str(results[0])
+    assert isinstance(results[1], InvalidInput) and "input 'TEXT_PAIR' is missing" in str(results[1])
+    assert set(results[2]) == {"input_ids", "attention_mask"}  # no token_type_ids unless asked
+
+
+def test_tokenize_requests_names_the_pair_input_of_a_bad_second_text(tokenizer):
+    (result,) = tokenize_requests(tokenizer, [{"TEXT": _text("a"), "TEXT_PAIR": _text("  ")}],
+                                  pairs=True)
+    assert isinstance(result, InvalidInput) and "input 'TEXT_PAIR' row 0 holds only whitespace" in str(result)
+
+
+def test_tokenize_requests_prepends_the_prompt_to_every_text(tokenizer):
+    (plain,) = tokenize_requests(tokenizer, [{"TEXT": _text("query: what is triton?")}])
+    (prompted,) = tokenize_requests(tokenizer, [{"TEXT": _text("what is triton?")}],
+                                    prompt="query: ")
+    assert prompted["input_ids"].tolist() == plain["input_ids"].tolist()
+
+
+def test_tokenizer_settings_read_pairs_token_types_and_prompt_from_the_config(tmp_path):
+    from pipeline_ops.text import TokenizerSettings
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    settings = TokenizerSettings.from_parameters(
+        {"prompt": "query: "}, tmp_path, "tok", ["TEXT", "TEXT_PAIR"],
+        ["input_ids", "attention_mask", "token_type_ids"])
+    assert (settings.pairs, settings.token_types, settings.prompt) == (True, True, "query: ")
+    single = TokenizerSettings.from_parameters({}, tmp_path, "tok")
+    assert (single.pairs, single.token_types, single.prompt) == (False, False, "")

@@ -37,7 +37,8 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
         path: the model folder, the factory reference (``image-classification``) or the ONNX file.
         name: the pipeline's name (models are named after it).
         spec_path: the spec (created when missing).
-        **options: the recipe's options (pooling, normalize, labels, preprocessing).
+        **options: the recipe's options (pooling, normalize, prompt, activation, labels,
+            preprocessing).
 
     Returns:
         One line per entry written.
@@ -48,11 +49,19 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
     spec_path = Path(spec_path).resolve()
     spec_dir = spec_path.parent
     cores = load_spec(spec_path).cpu_cores if spec_path.exists() else 2
+    activation = options.get("activation")
+    allowed = recipes.ACTIVATIONS.get(recipe, ())
+    if activation is not None and activation not in allowed:
+        raise UserInputError(f"--activation {activation}: {recipe} takes "
+                             f"{list(allowed) or 'no --activation'}")
     if recipe == "hf-text-embedding":
         entries = recipes.hf_text_embedding(Path(path), name, spec_dir, cores,
-                                            options.get("pooling"), options.get("normalize"))
+                                            options.get("pooling"), options.get("normalize"),
+                                            options.get("prompt"), options.get("prompt_name"))
     elif recipe == "hf-sequence-classification":
-        entries = recipes.hf_sequence_classification(Path(path), name, spec_dir, cores)
+        entries = recipes.hf_sequence_classification(Path(path), name, spec_dir, cores, activation)
+    elif recipe == "hf-cross-encoder":
+        entries = recipes.hf_cross_encoder(Path(path), name, spec_dir, cores, activation)
     elif recipe == "image-classification":
         if options.get("labels") is None:
             raise UserInputError("image-classification needs --labels FILE (one label per line)")
@@ -90,15 +99,27 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
 @click.option("--image-size", type=int, default=None, help="image-classification: crop side (224).")
 @click.option("--resize-shorter", type=int, default=None,
               help="image-classification: shorter side before the crop (256).")
-@click.option("--mean", default=None, help="image-classification: e.g. 0.485,0.456,0.406 (on [0,1]).")
+@click.option("--mean", default=None,
+              help="image-classification: e.g. 0.485,0.456,0.406 (on [0,1]); required unless the "
+                   "model carries it (timm pretrained_cfg, a preprocessor_config.json).")
 @click.option("--std", default=None, help="image-classification: e.g. 0.229,0.224,0.225.")
 @click.option("--channel-order", type=click.Choice(["RGB", "BGR"]), default=None,
               help="image-classification: channel order the model expects (RGB).")
+@click.option("--activation", type=click.Choice(["softmax", "sigmoid", "identity"]), default=None,
+              help="hf-sequence-classification: softmax|sigmoid|identity (default from "
+                   "config.json problem_type); hf-cross-encoder: sigmoid|identity (default as "
+                   "sentence-transformers' CrossEncoder: sigmoid for one label).")
+@click.option("--prompt", default=None,
+              help="hf-text-embedding: prepended to every text, e.g. 'query: ' (default: the "
+                   "folder's default_prompt_name prompt, if any).")
+@click.option("--prompt-name", default=None,
+              help="hf-text-embedding: a prompt of the folder's config_sentence_transformers.json.")
 def add(recipe: str, path: str, name: str, spec_path: Path, **options) -> None:
     """Add a model from PATH (folder, factory reference or ONNX file) to the spec, as NAME.
 
-    RECIPE: hf-text-embedding DIR, hf-sequence-classification DIR, image-classification
-    package.module:factory --labels FILE, or onnx FILE. Then run `tools build-repo`.
+    RECIPE: hf-text-embedding DIR, hf-sequence-classification DIR, hf-cross-encoder DIR,
+    image-classification package.module:factory --labels FILE, or onnx FILE. Then run
+    `tools build-repo`.
     """
     for line in add_model(recipe, path, name, spec_path, **options):
         click.echo(f"added {line}")

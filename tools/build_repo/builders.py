@@ -28,7 +28,12 @@ from tools.build_repo.builder_base import (
     warmup_record,
     write_onnx_model_files,
 )
-from tools.build_repo.model_source import model_callables, recipe_weights, references
+from tools.build_repo.model_source import (
+    model_callables,
+    recipe_weights,
+    references,
+    write_python_recipe_files,
+)
 from tools.build_repo.onnx_source import OnnxBuilder
 from tools.build_repo.repository import VERSION, copy_python_backend
 from tools.build_repo.results import ModelKind, Stage, StageStatus
@@ -130,7 +135,13 @@ class PytorchBuilder(SpecEntryBuilder):
     def build(self, model_dir: Path, output: Path, stages: Stages, entry: ModelEntry) -> None:
         """Export, check and write the model folder."""
         from tools.build_repo import onnx2trt
-        from tools.build_repo.parity import check_parity, figures_to_manifest, onnxruntime_runner
+        from tools.build_repo.parity import (
+            check_parity,
+            figures_to_manifest,
+            onnxruntime_runner,
+            unchecked_note,
+            unchecked_record,
+        )
         from tools.build_repo.torch2onnx import export_onnx, trace_sample, write_reproduce_script
 
         spec, model, target = self.spec, self.model, self.target
@@ -149,6 +160,8 @@ class PytorchBuilder(SpecEntryBuilder):
         result.parity["onnxruntime"] = figures_to_manifest(figures)
         entry.parity = {"onnxruntime": {"atol": model.atol, "rtol": model.rtol,
                                         "cases": result.parity["onnxruntime"]}}
+        if unchecked_record(model):  # a long model: shapes over the size bound (every runtime)
+            entry.parity["onnxruntime"]["not_checked"] = unchecked_record(model)
         if target == "cpu" and model.cpu.runtime == "openvino":
             self._openvino(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
         elif target == "cpu" and model.cpu.optimize != "none":
@@ -178,6 +191,7 @@ class PytorchBuilder(SpecEntryBuilder):
                                             "cases": result.parity["tensorrt"]}
                 entry.tensorrt = outcome.manifest_record()
 
+        result.note = "; ".join(n for n in (result.note, unchecked_note(model)) if n)
         stages.run(Stage.WRITE, self._write_files, model_dir, sample_fn)
         self._describe(entry)
 
@@ -358,6 +372,7 @@ class PythonBuilder(SpecEntryBuilder):
         def write() -> None:
             _write_config(model_dir, self.text)
             copy_python_backend(self.spec.backends, model.backend, model_dir / VERSION, files, owner)
+            write_python_recipe_files(self.spec.root, model, model_dir / VERSION)
             if model.warmup:
                 warm = model_dir / "warmup"
                 warm.mkdir()

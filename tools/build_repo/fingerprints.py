@@ -14,7 +14,7 @@ from tools.build_repo import config as cfg
 from tools.files import sha256_file, sha256_tree
 from tools.manifest import ModelEntry, fingerprint, module_file, tool_versions
 from tools.build_repo.repository import backend_source
-from tools.build_repo.model_source import references
+from tools.build_repo.model_source import python_recipe_inputs, references
 from tools.build_repo.spec import (
     ModelSpec,
     PythonModelSpec,
@@ -186,7 +186,7 @@ def python_inputs(spec: RepoSpec, model: PythonModelSpec, target: str, config_te
         "pipeline_ops": sha256_tree(root / "pipeline_ops"),
         "files": {k: sha256_file(v) for k, v in python_files(spec, model).items()},
         "builder": fingerprint(builder_sources()),
-    }
+    } | ({"recipe": python_recipe_inputs(spec.root, model)} if model.recipe is not None else {})
 
 
 def ensemble_inputs(pipeline: Any, target: str, config_text: str) -> dict[str, Any]:

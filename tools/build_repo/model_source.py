@@ -1,8 +1,10 @@
-"""Where a PyTorch model comes from: a factory module (``source``), a recipe, or an ONNX file.
+"""Where a model comes from: a factory module (``source``), a recipe, or an ONNX file; and the
+files a Python model's recipe makes (a converted ``tokenizer.json``).
 
 The builders ask this module for a model's callables, the references hashed into its build key
 and the files its weights are read from; the recipe's own settings (folder, pooling,
-normalisation, factory) come from the spec entry. ``tools/models/`` holds the factories.
+normalisation, activation, factory) come from the spec entry. ``tools/models/`` holds the
+factories.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools.build_repo.spec import ModelSpec, resolve_reference
+from tools.build_repo.spec import ModelSpec, PythonModelSpec, resolve_reference
 from tools.files import sha256_file
 from tools.manifest import ModelEntry
 
@@ -24,8 +26,11 @@ SampleInputs = Callable[[int, dict[str, int]], dict]
 RECIPE_FUNCTIONS: dict[str, tuple[str | None, str]] = {
     "hf-text-embedding": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
     "hf-sequence-classification": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
+    "hf-cross-encoder": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
     "image-classification": (None, "tools.models.vision:sample_inputs"),
 }
+# The module that makes a Python model recipe's files (hashed into its build key).
+PYTHON_RECIPE_MODULE = "tools.models.hf_folder:convert_tokenizer"
 
 
 def references(model: ModelSpec) -> tuple[str, str]:
@@ -41,7 +46,7 @@ def references(model: ModelSpec) -> tuple[str, str]:
     return factory or recipe.factory or "", sample
 
 
-def folder_of(root: Path, model: ModelSpec) -> Path:
+def folder_of(root: Path, model: ModelSpec | PythonModelSpec) -> Path:
     """The recipe's model folder, resolved against the spec's folder."""
     assert model.recipe is not None and model.recipe.path is not None
     path = Path(model.recipe.path)
@@ -69,10 +74,10 @@ def model_callables(root: Path, model: ModelSpec, where: str = "") -> tuple[Fact
 
         folder = read_folder(folder_of(root, model), recipe.kind)
         return (functools.partial(hf.build_model, folder, recipe),
-                functools.partial(hf.sample_inputs, folder))
+                functools.partial(hf.sample_inputs, folder, recipe))
     from tools.models import vision
 
-    return (resolve_reference(recipe.factory, where),
+    return (functools.partial(vision.build_model, resolve_reference(recipe.factory, where)),
             functools.partial(vision.sample_inputs, model.inputs))
 
 
@@ -102,3 +107,36 @@ def recipe_weights(
         same = key in old_hashes and old_stats.get(key) == stats[key]
         hashes[key] = old_hashes[key] if same else sha256_file(path)
     return hashes, stats
+
+
+def python_recipe_inputs(root: Path, model: PythonModelSpec) -> dict[str, object] | None:
+    """What a Python model recipe's files depend on (part of its build key), or None without one:
+    sha256 of the folder's tokenizer files, the converting module and the library versions."""
+    if model.recipe is None:
+        return None
+    import tokenizers
+    import transformers
+
+    from tools.manifest import module_file
+    from tools.models.hf_folder import HfFolder, read_folder
+
+    folder: HfFolder = read_folder(folder_of(root, model), "hf-text-embedding")
+    return {
+        "kind": model.recipe.kind,
+        "files": {str(p): sha256_file(p) for p in folder.tokenizer_files()},
+        "module": sha256_file(module_file(PYTHON_RECIPE_MODULE)),
+        "versions": {"transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__},
+    }
+
+
+def write_python_recipe_files(root: Path, model: PythonModelSpec, version_dir: Path) -> None:
+    """Write a Python model recipe's files into its version folder (never into the user's folder):
+    ``hf-tokenizer`` writes the folder's fast tokenizer as ``tokenizer.json``."""
+    if model.recipe is None:
+        return
+    from tools.build_repo.spec.settings import PYTHON_RECIPE_FILES
+    from tools.models.hf_folder import read_folder
+
+    folder = read_folder(folder_of(root, model), "hf-text-embedding")
+    folder.fast_tokenizer().save(str(version_dir / PYTHON_RECIPE_FILES[model.recipe.kind]))

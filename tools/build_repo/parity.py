@@ -1,13 +1,15 @@
 """Numerical parity of an exported artifact against PyTorch, on real sample inputs.
 
 Cases: batch 1, a middle size and ``max_batch_size``, times two or more lengths of every other
-dynamic axis. Shapes are checked first (fatal); then every output's max abs / rel error against
-the model's tolerances. All failures are collected and raised once, listing every output.
+dynamic axis, within a size bound (a long model's max batch × max length would not fit in
+memory at build time). Shapes are checked first (fatal); then every output's max abs / rel error
+against the model's tolerances. All failures are collected and raised once, listing every output.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +20,15 @@ from tools.build_repo.spec import ModelSpec
 from tools.errors import ParityError
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+# The size bound of one parity case, where a case's positions are the product of its axis
+# lengths: batch x positions (activations grow with it) and batch x positions^2 (a transformer's
+# attention scores per head). Both are what batch 32 x sequence 512 needs, so every case of a
+# 512-token encoder runs; an 8192-token model is checked up to 512 tokens, not at 8192 (its
+# scores alone would be 256x those of 32 x 512, in PyTorch and the runtime at once).
+MAX_BATCH_POSITIONS = 32 * 512
+MAX_BATCH_POSITIONS_SQUARED = 32 * 512 * 512
+
+Case = tuple[int, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -32,18 +43,58 @@ class ParityFigure:
     ok: bool
 
     def case(self) -> str:
-        dims = "".join(f", {k}={v}" for k, v in self.axes.items())
-        return f"batch={self.batch}{dims}"
+        return case_text(self.batch, self.axes)
 
 
-def parity_cases(spec: ModelSpec) -> list[tuple[int, dict[str, int]]]:
-    """``(batch, {axis: length})`` for every batch size times every combination of lengths."""
+def case_text(batch: int, axes: Mapping[str, int]) -> str:
+    """``batch=8, sequence=512``."""
+    return f"batch={batch}" + "".join(f", {k}={v}" for k, v in axes.items())
+
+
+def affordable(batch: int, axes: Mapping[str, int]) -> bool:
+    """Whether a case lies within the size bound (``MAX_BATCH_POSITIONS``, ``..._SQUARED``)."""
+    positions = math.prod(axes.values())
+    return (batch * positions <= MAX_BATCH_POSITIONS
+            and batch * positions**2 <= MAX_BATCH_POSITIONS_SQUARED)
+
+
+def _all_cases(spec: ModelSpec) -> list[Case]:
     lengths = [[(name, n) for n in a.lengths] for name, a in spec.axes.items()]
     return [
         (batch, dict(combo))
         for batch in spec.parity_batches
         for combo in itertools.product(*lengths)
     ]
+
+
+def parity_cases(spec: ModelSpec) -> list[Case]:
+    """``(batch, {axis: length})`` for every parity batch times every combination of lengths,
+    within the size bound; the smallest case always runs."""
+    cases = _all_cases(spec)
+    kept = [c for c in cases if affordable(*c)]
+    return kept or [min(cases, key=lambda c: c[0] * math.prod(c[1].values()))]
+
+
+def unchecked_cases(spec: ModelSpec) -> list[Case]:
+    """The cases :func:`parity_cases` leaves out as over the size bound."""
+    kept = parity_cases(spec)
+    return [c for c in _all_cases(spec) if c not in kept]
+
+
+def unchecked_note(spec: ModelSpec) -> str:
+    """One line for the build table naming the shapes parity did not check, or ``""``."""
+    unchecked = unchecked_cases(spec)
+    if not unchecked:
+        return ""
+    largest = max(parity_cases(spec), key=lambda c: c[0] * math.prod(c[1].values()))
+    return (f"parity checked up to {case_text(*largest)}; not checked (over the size bound "
+            f"batch x positions <= {MAX_BATCH_POSITIONS}, batch x positions^2 <= "
+            f"{MAX_BATCH_POSITIONS_SQUARED}): " + "; ".join(case_text(*c) for c in unchecked))
+
+
+def unchecked_record(spec: ModelSpec) -> list[dict]:
+    """The cases parity did not check, for the build manifest."""
+    return [{"batch": b, "axes": axes} for b, axes in unchecked_cases(spec)]
 
 
 def compare_outputs(

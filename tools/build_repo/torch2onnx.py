@@ -17,15 +17,18 @@ import warnings
 from pathlib import Path
 
 from tools.build_repo.spec import ModelSpec
+from tools.build_repo.spec.settings import PARITY_LENGTH_CAP
 from tools.errors import ExportError
 
 
 def trace_sample(spec: ModelSpec, sample_fn) -> dict:
-    """The sample the exporter traces with: batch 2 (or 1) at each axis's ``opt`` size.
+    """The sample the exporter traces with: batch 2 (or 1) at each axis's ``opt`` size, capped
+    at 512 (a long model's ``opt`` need not fit in memory to trace; the axes stay dynamic).
 
     Batch 2, not 1, so that the exporter cannot specialise the batch axis to a constant.
     """
-    return sample_fn(min(2, spec.max_batch_size), {name: a.opt for name, a in spec.axes.items()})
+    lengths = {name: max(a.min, min(a.opt, PARITY_LENGTH_CAP)) for name, a in spec.axes.items()}
+    return sample_fn(min(2, spec.max_batch_size), lengths)
 
 
 def export_onnx(model: object, sample: dict, spec: ModelSpec, path: Path) -> Path:

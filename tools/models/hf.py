@@ -1,7 +1,8 @@
 """The Hugging Face recipes' PyTorch side: a folder's model wrapped for export, and sample inputs.
 
 ``hf-text-embedding``: encoder, masked mean or ``[CLS]`` pooling, optional L2 normalisation.
-``hf-sequence-classification``: the classifier's logits (softmax and labels are served after it).
+``hf-sequence-classification``: the classifier's logits (the activation and labels are served
+after it). ``hf-cross-encoder``: a classifier scoring text pairs, its activation in the graph.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from tools.models.hf_folder import HfFolder
+from tools.models.hf_folder import CLASSIFIER_KINDS, HfFolder
 from tools.models.minilm import tokenized_samples
 
 
@@ -61,12 +62,33 @@ class SequenceClassifier(nn.Module):
         return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
 
 
+class PairScorer(nn.Module):
+    """A ``*ForSequenceClassification`` model scoring text pairs: ``activation(logits)``.
+
+    ``token_type_ids`` (which text of the pair a token belongs to) is an input when the model
+    takes it, as BERT cross-encoders do.
+    """
+
+    def __init__(self, classifier: nn.Module, activation: str) -> None:
+        super().__init__()
+        self.classifier, self.activation = classifier, activation
+        self.token_types = _token_type_ids(classifier)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``[batch, labels]`` of pair tokens ``[batch, sequence]``."""
+        extra = {"token_type_ids": token_type_ids} if self.token_types else {}
+        logits = self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
+        return torch.sigmoid(logits) if self.activation == "sigmoid" else logits
+
+
 class Recipe(Protocol):
     """What this module reads of a spec entry's ``recipe``."""
 
-    kind: str  # hf-text-embedding | hf-sequence-classification
+    kind: str  # hf-text-embedding | hf-sequence-classification | hf-cross-encoder
     pooling: str  # mean | cls
     normalize: bool
+    activation: str | None  # hf-cross-encoder: sigmoid | identity
 
 
 def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
@@ -81,24 +103,27 @@ def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
 
     hf_logging.set_verbosity_error()  # unused pooler weights and the like: not our concern here
     hf_logging.disable_progress_bar()
-    if recipe.kind == "hf-sequence-classification":
+    if recipe.kind in CLASSIFIER_KINDS:
         model = AutoModelForSequenceClassification.from_pretrained(
             str(folder.path), attn_implementation="eager"
         )
+        if recipe.kind == "hf-cross-encoder":
+            return PairScorer(model, recipe.activation).eval()
         return SequenceClassifier(model).eval()
     encoder = AutoModel.from_pretrained(str(folder.path), attn_implementation="eager")
     return TextEmbedder(encoder, recipe.pooling, recipe.normalize).eval()
 
 
-def sample_inputs(folder: HfFolder, batch_size: int, axes: Mapping[str, int]) -> dict[str, torch.Tensor]:
+def sample_inputs(folder: HfFolder, recipe: Recipe, batch_size: int,
+                  axes: Mapping[str, int]) -> dict[str, torch.Tensor]:
     """Real sentences tokenised by the folder's tokenizer into rows of exactly ``axes["sequence"]``.
 
-    Row 0 fills the whole length; the other rows are single sentences, right-padded with the
-    tokenizer's padding id (0 when it has none), so the mask matters.
+    Row 0 fills the whole length; the other rows are single sentences (``hf-cross-encoder``:
+    pairs of sentences, with ``token_type_ids``), right-padded with the tokenizer's padding id
+    (0 when it has none), so the mask matters.
     """
-    from tokenizers import Tokenizer
-
     length = int(axes["sequence"])
-    tokenizer = Tokenizer.from_file(str(folder.tokenizer_file))
+    tokenizer = folder.fast_tokenizer()
     pad_id = (tokenizer.padding or {}).get("pad_id", 0)
-    return tokenized_samples(tokenizer, batch_size, length, pad_id)
+    return tokenized_samples(tokenizer, batch_size, length, pad_id,
+                             pairs=recipe.kind == "hf-cross-encoder")

@@ -1,21 +1,40 @@
 """A local Hugging Face model folder as the recipes read it: config, weights, tokenizer, limits.
 
 Reads JSON files only (no torch), so ``tools add`` checks a folder quickly; every problem names
-the folder and the file that is missing or unsupported.
+the folder and the file that is missing or unsupported. The one exception is a folder without
+``tokenizer.json``: transformers converts its vocabulary into a fast tokenizer
+(:func:`convert_tokenizer`), in memory.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tools.errors import ModelSourceError
 
-KINDS = ("hf-text-embedding", "hf-sequence-classification")
+KINDS = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder")
+# Kinds whose folder holds a *ForSequenceClassification model.
+CLASSIFIER_KINDS = ("hf-sequence-classification", "hf-cross-encoder")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_JSON = "tokenizer.json"
+# Vocabularies transformers turns into a fast tokenizer when a folder has no tokenizer.json
+# (WordPiece, BPE, SentencePiece), and the files that configure it.
+VOCABULARY_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model",
+                    "sentencepiece.bpe.model", "tokenizer.model")
+TOKENIZER_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+# config.json problem_type -> what the served output applies to the logits (transformers'
+# *ForSequenceClassification: no problem_type means regression for one label, else single-label).
+PROBLEM_ACTIVATIONS = {"single_label_classification": "softmax",
+                       "multi_label_classification": "sigmoid", "regression": "identity"}
+# sentence-transformers' activation_fn paths (CrossEncoder) the cross-encoder graph reproduces.
+_ST_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.Sigmoid": "sigmoid",
+                   "torch.nn.modules.linear.Identity": "identity", "torch.nn.Identity": "identity"}
 # sentence-transformers module types this recipe reproduces inside the exported graph.
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
@@ -46,19 +65,47 @@ class HfFolder:
 
     @property
     def tokenizer_file(self) -> Path:
-        """The fast tokenizer (``tokenizer.json``) the ``text_tokenizer`` model loads."""
-        return self.path / "tokenizer.json"
+        """The folder's fast tokenizer (``tokenizer.json``); see ``has_tokenizer_json``."""
+        return self.path / TOKENIZER_JSON
+
+    @property
+    def has_tokenizer_json(self) -> bool:
+        """False for a folder whose tokenizer transformers converts (``vocab.txt`` only)."""
+        return self.tokenizer_file.is_file()
+
+    def tokenizer_files(self) -> list[Path]:
+        """What the served tokenizer is made from: ``tokenizer.json``, or the files transformers
+        converts (with ``config.json``, which names the tokenizer class when nothing else does)."""
+        if self.has_tokenizer_json:
+            return [self.tokenizer_file]
+        names = (*VOCABULARY_FILES, *TOKENIZER_CONFIG_FILES, "config.json")
+        return [self.path / n for n in names if (self.path / n).is_file()]
+
+    def fast_tokenizer(self):
+        """The ``tokenizers.Tokenizer`` the ``text_tokenizer`` model serves for this folder.
+
+        Raises:
+            ModelSourceError: transformers cannot convert the folder's vocabulary.
+        """
+        from tokenizers import Tokenizer
+
+        if self.has_tokenizer_json:
+            return Tokenizer.from_file(str(self.tokenizer_file))
+        stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in self.tokenizer_files())
+        return Tokenizer.from_str(convert_tokenizer(self.path, stamp))
 
     def weights_files(self) -> list[Path]:
-        """``config.json``, the weight files (shards included) and the tokenizer, in a fixed order."""
+        """``config.json``, the weight files (shards included) and the tokenizer's files, in a
+        fixed order."""
         files = [self.path / "config.json"]
+        tokenizer = [f for f in self.tokenizer_files() if f not in files]
         for index in WEIGHT_INDEXES:
             if (self.path / index).is_file():
                 shards = _read_json(self.path / index).get("weight_map", {}).values()
                 files += [self.path / index] + [self.path / s for s in sorted(set(shards))]
-                return files + [self.tokenizer_file]
+                return files + tokenizer
         weights = next(self.path / n for n in WEIGHT_FILES if (self.path / n).is_file())
-        return files + [weights, self.tokenizer_file]
+        return files + [weights, *tokenizer]
 
     @property
     def hidden_size(self) -> int:
@@ -81,6 +128,86 @@ class HfFolder:
                 "classifier"
             )
         return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
+
+    def problem_type(self) -> str:
+        """``config.json``'s ``problem_type``, or what transformers' ``*ForSequenceClassification``
+        decides without one: ``regression`` for one label, else ``single_label_classification``.
+
+        Raises:
+            ModelSourceError: a ``problem_type`` transformers does not know.
+        """
+        value = self.config.get("problem_type")
+        if value is None:
+            return "regression" if len(self.labels()) == 1 else "single_label_classification"
+        if value not in PROBLEM_ACTIVATIONS:
+            raise ModelSourceError(
+                f"{self.path / 'config.json'}: problem_type {value!r} is not one of "
+                f"{list(PROBLEM_ACTIVATIONS)}"
+            )
+        return value
+
+    def cross_encoder_activation(self) -> str:
+        """What sentence-transformers' ``CrossEncoder`` applies to this folder's logits.
+
+        Its saved ``activation_fn`` (``config_sentence_transformers.json``, else ``config.json``'s
+        ``sentence_transformers.activation_fn`` or the older ``sbert_ce_default_activation_function``),
+        else ``Sigmoid`` for one label and ``Identity`` otherwise, as ``CrossEncoder`` does.
+
+        Raises:
+            ModelSourceError: a saved activation other than Sigmoid or Identity, naming the file.
+        """
+        st_file = self.path / "config_sentence_transformers.json"
+        candidates = [(st_file, _read_json(st_file).get("activation_fn") if st_file.is_file() else None)]
+        st_section = self.config.get("sentence_transformers")
+        candidates += [
+            (self.path / "config.json",
+             st_section.get("activation_fn") if isinstance(st_section, dict) else None),
+            (self.path / "config.json", self.config.get("sbert_ce_default_activation_function")),
+        ]
+        for where, path in candidates:
+            if path is None:
+                continue
+            if path not in _ST_ACTIVATIONS:
+                raise ModelSourceError(
+                    f"{where}: activation_fn {path!r} is not one the hf-cross-encoder recipe "
+                    f"reproduces ({sorted(set(_ST_ACTIVATIONS.values()))}); choose one with "
+                    "--activation"
+                )
+            return _ST_ACTIVATIONS[path]
+        return "sigmoid" if len(self.labels()) == 1 else "identity"
+
+    def prompts(self) -> tuple[dict[str, str], str | None]:
+        """sentence-transformers' ``prompts`` and ``default_prompt_name``
+        (``config_sentence_transformers.json``; none when it is absent).
+
+        Raises:
+            ModelSourceError: a malformed ``prompts``, or a default that names no prompt.
+        """
+        path = self.path / "config_sentence_transformers.json"
+        data = _read_json(path) if path.is_file() else {}
+        prompts = data.get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+        ):
+            raise ModelSourceError(f"{path}: 'prompts' must map names to prompt strings")
+        default = data.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise ModelSourceError(
+                f"{path}: default_prompt_name {default!r} is not in prompts {sorted(prompts)}"
+            )
+        return prompts, default
+
+    def pooling_includes_prompt(self) -> bool:
+        """False when the folder's sentence-transformers Pooling leaves prompt tokens out of the
+        mean (``include_prompt: false``), which the served graph does not reproduce."""
+        modules_file = self.path / "modules.json"
+        if not modules_file.is_file():
+            return True
+        for module in json.loads(modules_file.read_text(encoding="utf-8")):
+            if module.get("type") == _ST_POOLING:
+                config = _read_json(self.path / module.get("path", "") / "config.json")
+                return config.get("include_prompt", True) is not False
+        return True
 
     def max_length(self) -> int:
         """Tokens per text, special tokens included, as the folder's own files say.
@@ -157,11 +284,12 @@ def read_folder(path: Path, kind: str) -> HfFolder:
 
     Args:
         path: the folder.
-        kind: ``hf-text-embedding`` or ``hf-sequence-classification``.
+        kind: one of ``KINDS``.
 
     Raises:
-        ModelSourceError: not a folder, or ``config.json``, the weights or ``tokenizer.json``
-            missing, or (sequence classification) a config that is not a classifier's.
+        ModelSourceError: not a folder, or ``config.json``, the weights or a tokenizer
+            (``tokenizer.json`` or a vocabulary) missing, or (classifier kinds) a config that is
+            not a classifier's.
     """
     path = Path(path).resolve()
     if not path.is_dir():
@@ -178,13 +306,13 @@ def read_folder(path: Path, kind: str) -> HfFolder:
             f"{path}: no weights ({' or '.join(WEIGHT_FILES)}); save the model with "
             "save_pretrained"
         )
-    if not (path / "tokenizer.json").is_file():
+    if not any((path / n).is_file() for n in (TOKENIZER_JSON, *VOCABULARY_FILES)):
         raise ModelSourceError(
-            f"{path}: no tokenizer.json (the fast tokenizer the text_tokenizer model loads); "
-            "save it with tokenizer.save_pretrained or tokenizers' Tokenizer.save"
+            f"{path}: no tokenizer.json, nor a vocabulary transformers converts into one "
+            f"({', '.join(VOCABULARY_FILES)}); save the tokenizer with tokenizer.save_pretrained"
         )
     folder = HfFolder(path, kind, config)
-    if kind == "hf-sequence-classification":
+    if kind in CLASSIFIER_KINDS:
         architectures = config.get("architectures") or []
         if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
             raise ModelSourceError(
@@ -217,7 +345,7 @@ def check_transformers_support(folder: HfFolder) -> None:
 
     mapping, what = (
         (auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, "sequence-classification model")
-        if folder.kind == "hf-sequence-classification"
+        if folder.kind in CLASSIFIER_KINDS
         else (auto.MODEL_MAPPING, "base model")
     )
     if type(config) not in mapping:
@@ -225,3 +353,56 @@ def check_transformers_support(folder: HfFolder) -> None:
             f"{config_file}: transformers {transformers.__version__} has no {what} for "
             f"model_type {config.model_type!r}: unsupported architecture"
         )
+    folder.fast_tokenizer()  # a vocabulary-only folder: the conversion works
+
+
+def takes_token_types(folder: HfFolder) -> bool:
+    """Whether the folder's sequence classifier's ``forward`` takes ``token_type_ids`` (BERT's
+    do; DistilBERT's and RoBERTa's do not), so a pair recipe feeds them (imports transformers)."""
+    import inspect
+
+    from transformers import AutoConfig
+    from transformers.models.auto import modeling_auto as auto
+
+    model_class = auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[
+        type(AutoConfig.from_pretrained(str(folder.path)))]
+    return "token_type_ids" in inspect.signature(model_class.forward).parameters
+
+
+@functools.lru_cache(maxsize=8)
+def convert_tokenizer(folder: Path, stamp: tuple) -> str:
+    """The folder's tokenizer converted by transformers' fast tokenizer, as ``tokenizer.json`` text.
+
+    ``AutoTokenizer`` reads the tokenizer class and its settings (``do_lower_case``,
+    ``strip_accents``, special tokens) from ``tokenizer_config.json`` and
+    ``special_tokens_map.json``, or takes the class from ``config.json``'s ``model_type``.
+
+    Args:
+        folder: the Hugging Face folder (read only).
+        stamp: the tokenizer files' paths, modification times and sizes (the cache key).
+
+    Raises:
+        ModelSourceError: transformers cannot make a fast tokenizer of the folder.
+    """
+    del stamp
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import transformers
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+    except Exception as exc:  # tokenizer classes raise many types (ValueError, OSError, ImportError)
+        raise ModelSourceError(
+            f"{folder}: transformers {transformers.__version__} cannot make a fast tokenizer from "
+            f"its files (no tokenizer.json): {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not getattr(tokenizer, "is_fast", False) or backend is None:
+        raise ModelSourceError(
+            f"{folder}: transformers gives {type(tokenizer).__name__}, not a fast tokenizer: save "
+            "a tokenizer.json with tokenizer.save_pretrained"
+        )
+    return backend.to_str()

@@ -30,22 +30,31 @@ _TEXTS = (
 )
 
 
-def tokenized_samples(tokenizer, batch_size: int, length: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
+def tokenized_samples(tokenizer, batch_size: int, length: int, pad_id: int = 0,
+                      pairs: bool = False) -> dict[str, torch.Tensor]:
     """Rows of exactly ``length`` tokens from real sentences, for export, parity and warmup.
 
     Row 0 fills the whole length (sentences joined, then truncated); the other rows are single
-    sentences of their natural length, right-padded with ``pad_id``, so the mask matters.
+    sentences of their natural length, right-padded with ``pad_id``, so the mask matters. With
+    ``pairs``, every row is a pair of sentences (row 0: two long texts, cut longest-first) and
+    ``token_type_ids`` marks the second text.
     """
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=length)
-    texts = [" ".join(_TEXTS * 8)] + [_TEXTS[i % len(_TEXTS)] for i in range(batch_size - 1)]
-    ids = torch.full((batch_size, length), pad_id, dtype=torch.int64)
-    mask = torch.zeros((batch_size, length), dtype=torch.int64)
+    long_text, count = " ".join(_TEXTS * 8), len(_TEXTS)
+    texts = [long_text] + [_TEXTS[i % count] for i in range(batch_size - 1)]
+    if pairs:
+        texts = [(long_text, long_text)] + [(t, _TEXTS[(i + 5) % count]) for i, t in enumerate(texts[1:])]
+    columns = ("input_ids", "attention_mask", "token_type_ids") if pairs else ("input_ids", "attention_mask")
+    sample = {c: torch.zeros((batch_size, length), dtype=torch.int64) for c in columns}
+    sample["input_ids"].fill_(pad_id)
     for row, encoding in enumerate(tokenizer.encode_batch(texts[:batch_size])):
         n = len(encoding.ids)
-        ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.int64)
-        mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+        sample["input_ids"][row, :n] = torch.tensor(encoding.ids, dtype=torch.int64)
+        sample["attention_mask"][row, :n] = 1
+        if pairs:
+            sample["token_type_ids"][row, :n] = torch.tensor(encoding.type_ids, dtype=torch.int64)
+    return sample
 
 
 def model_path() -> Path:

@@ -1,14 +1,35 @@
-"""The image-classification recipe's sample inputs: deterministic pixels of the model's input shape.
+"""The image-classification recipe's PyTorch side: the user's factory's model returning its
+logits, and deterministic sample pixels of the model's input shape.
 
 The model itself comes from the user's factory (``recipe.factory``); only its input is known here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 import torch
+from torch import nn
+
+
+class Logits(nn.Module):
+    """The factory's model, returning ``logits``: a tensor as it is, or an output's ``.logits``
+    (transformers' ``*ForImageClassification`` return an ``ImageClassifierOutput``)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch, classes]`` of ``pixel_values`` ``[batch, 3, H, W]``."""
+        output = self.model(pixel_values)
+        return output if isinstance(output, torch.Tensor) else output.logits
+
+
+def build_model(factory: Callable[[], nn.Module]) -> nn.Module:
+    """The factory's model wrapped as :class:`Logits`, in eval mode."""
+    return Logits(factory()).eval()
 
 
 class Tensor(Protocol):

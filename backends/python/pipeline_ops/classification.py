@@ -1,7 +1,9 @@
-"""Sequence-classification postprocessing: softmax over logits, the best label and its score.
+"""Sequence-classification postprocessing: the activation over logits, the best label, its score.
 
-Labels come from a Hugging Face ``config.json`` (``id2label``) or a labels text file; vectorised
-over all requests of one ``execute`` call, a bad request fails alone.
+``softmax`` for single-label classifiers (probabilities over the labels, summing to 1),
+``sigmoid`` for multi-label ones (an independent probability per label). Labels come from a
+Hugging Face ``config.json`` (``id2label``) or a labels text file; vectorised over all requests
+of one ``execute`` call, a bad request fails alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,27 @@ from .errors import ConfigurationError
 from .topk import INPUT_NAME, load_labels, prepare_request, softmax
 
 OUTPUTS = ("label", "score", "probabilities")
+ACTIVATIONS = ("softmax", "sigmoid")
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise logistic function in float32, stable for large negative logits."""
+    logits = logits.astype(np.float32)
+    exp = np.exp(-np.abs(logits))
+    return np.where(logits >= 0, 1 / (1 + exp), exp / (1 + exp))
+
+
+def activation_of(params: Mapping[str, str], model: str) -> str:
+    """The ``activation`` parameter (``softmax`` unless given).
+
+    Raises:
+        ConfigurationError: another value, naming the model.
+    """
+    activation = params.get("activation", "softmax")
+    if activation not in ACTIVATIONS:
+        raise ConfigurationError(f"model {model!r}: parameter 'activation' must be one of "
+                                 f"{list(ACTIVATIONS)}, got {activation!r}")
+    return activation
 
 
 def labels_from_file(path: str | pathlib.Path) -> np.ndarray:
@@ -46,16 +69,25 @@ def labels_from_file(path: str | pathlib.Path) -> np.ndarray:
 
 
 def classify_requests(
-    requests: Sequence[Mapping[str, np.ndarray | None]], labels: np.ndarray
+    requests: Sequence[Mapping[str, np.ndarray | None]], labels: np.ndarray,
+    activation: str = "softmax",
 ) -> list[dict[str, np.ndarray] | Exception]:
-    """Softmax and the most probable label of every row of every request, in one pass.
+    """The activation and the most probable label of every row of every request, in one pass.
+
+    Args:
+        requests: per request, ``{"logits": float32 [rows, len(labels)]}``.
+        labels: class names by index.
+        activation: ``softmax`` (single-label) or ``sigmoid`` (multi-label: ``score`` is the
+            best label's own probability, the others are independent of it).
 
     Returns:
         Per request ``{"label" [rows, 1], "score" [rows, 1], "probabilities" [rows, classes]}``,
         or the exception that failed it (``InvalidInput`` for a bad request).
     """
+    function = sigmoid if activation == "sigmoid" else softmax
+
     def compute(prepared: list[Prepared]) -> dict[str, np.ndarray]:
-        probabilities = softmax(np.concatenate([p[INPUT_NAME] for p in prepared]))
+        probabilities = function(np.concatenate([p[INPUT_NAME] for p in prepared]))
         best = np.argmax(probabilities, axis=1)[:, None]  # first of equal maxima
         return {"label": labels[best], "score": np.take_along_axis(probabilities, best, axis=1),
                 "probabilities": probabilities.astype(np.float32)}

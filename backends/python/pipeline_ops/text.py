@@ -1,5 +1,6 @@
-"""Text preprocessing for the ``text_tokenizer`` model: validate UTF-8 ``TEXT`` requests and
-tokenize every valid request of one ``execute`` call with a single ``encode_batch`` call.
+"""Text preprocessing for the ``text_tokenizer`` model: validate UTF-8 ``TEXT`` requests (and
+``TEXT_PAIR`` for pair models such as cross-encoders) and tokenize every valid request of one
+``execute`` call with a single ``encode_batch`` call.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from .batching import pad_stack, run_batched
 from .errors import ConfigurationError, InvalidInput
 
 TEXT_INPUT = "TEXT"
+PAIR_INPUT = "TEXT_PAIR"  # the second text of each row, for models that score pairs
+TOKEN_TYPES = "token_type_ids"  # which text of a pair each token is from (BERT's segment ids)
 OUTPUTS = ("input_ids", "attention_mask")
 # Texts are truncated to max_length tokens, but tokenizing still reads the whole text: 1 MB took
 # ~1 s here. 256 tokens of ordinary text are 1-2 KB (at most ~26 KB: 100-character words), so
@@ -28,7 +31,9 @@ def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
 
     Texts longer than ``max_length`` tokens (special tokens ``[CLS]``/``[SEP]`` included) are
     truncated to their first ``max_length`` tokens; the request still succeeds. This mirrors
-    sentence-transformers, which truncates at the model's ``max_seq_length``. Padding settings
+    sentence-transformers, which truncates at the model's ``max_seq_length``. Pairs are cut
+    ``longest_first`` (a token off the longer text at a time), as transformers' tokenizers and
+    sentence-transformers' ``CrossEncoder`` do. Padding settings
     stored in the file (all-MiniLM-L6-v2's pads every text to 128) are switched off: padding is
     decided per request by :func:`tokenize_requests`.
 
@@ -49,7 +54,7 @@ def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist")
     tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.enable_truncation(max_length=max_length, strategy="longest_first")
     tokenizer.no_padding()
     return tokenizer
 
@@ -141,8 +146,12 @@ def tokenize_requests(
     pad_id: int = 0,
     buckets: Sequence[int] = (),
     max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+    *,
+    pairs: bool = False,
+    token_types: bool = False,
+    prompt: str = "",
 ) -> list[dict[str, np.ndarray] | Exception]:
-    """Tokenize the ``TEXT`` input of every request of one ``execute`` call.
+    """Tokenize the ``TEXT`` input (and ``TEXT_PAIR``) of every request of one ``execute`` call.
 
     All valid requests are encoded together with one ``encode_batch`` call. Each request's rows
     are padded to the longest row of that request (or to the smallest bucket holding it), so
@@ -152,28 +161,43 @@ def tokenize_requests(
 
     Args:
         tokenizer: from :func:`load_tokenizer`.
-        requests: per request, its input tensors by name; ``TEXT`` is read.
+        requests: per request, its input tensors by name; ``TEXT`` (and ``TEXT_PAIR``) is read.
         pad_id: the id written into padded ``input_ids`` positions (their mask is 0).
         buckets: optional fixed lengths to pad to instead of each request's longest row.
         max_text_bytes: the largest accepted text, in UTF-8 bytes.
+        pairs: each row is the pair (``TEXT``, ``TEXT_PAIR``), tokenized as one sequence.
+        token_types: also return ``token_type_ids`` (0 for the first text, 1 for the second).
+        prompt: prepended to every ``TEXT`` before tokenizing (sentence-transformers' prompts,
+            e.g. ``"query: "``); the byte limit applies to the text as sent.
 
     Returns:
-        Per request, in order: ``{"input_ids", "attention_mask"}`` INT64 ``[rows, length]``, or
-        the exception that failed it (``InvalidInput`` for a bad request).
+        Per request, in order: ``{"input_ids", "attention_mask"[, "token_type_ids"]}`` INT64
+        ``[rows, length]``, or the exception that failed it (``InvalidInput`` for a bad request).
     """
+    names = [TEXT_INPUT, PAIR_INPUT] if pairs else [TEXT_INPUT]
 
-    def prepare(inputs: Mapping[str, Any]) -> dict[str, list[str]]:
-        if TEXT_INPUT not in inputs or inputs[TEXT_INPUT] is None:
-            raise InvalidInput(f"input '{TEXT_INPUT}' is missing")
-        return {"texts": decode_texts(inputs[TEXT_INPUT], max_bytes=max_text_bytes)}
+    def prepare(inputs: Mapping[str, Any]) -> dict[str, list]:
+        columns = []
+        for name in names:
+            if name not in inputs or inputs[name] is None:
+                raise InvalidInput(f"input '{name}' is missing")
+            columns.append(decode_texts(inputs[name], name, max_bytes=max_text_bytes))
+        if pairs and len(columns[0]) != len(columns[1]):
+            raise InvalidInput(f"input '{PAIR_INPUT}' has {len(columns[1])} rows and "
+                               f"'{TEXT_INPUT}' {len(columns[0])}: one pair per row")
+        firsts = [prompt + text for text in columns[0]]
+        return {"texts": list(zip(firsts, columns[1])) if pairs else firsts}
 
     def compute(prepared: list[Mapping[str, Any]]) -> dict[str, list[list[int]]]:
         texts = [text for item in prepared for text in item["texts"]]
         encodings = tokenizer.encode_batch(texts, add_special_tokens=True)
-        return {
+        columns = {
             "input_ids": [e.ids for e in encodings],
             "attention_mask": [e.attention_mask for e in encodings],
         }
+        if token_types:
+            columns[TOKEN_TYPES] = [e.type_ids for e in encodings]
+        return columns
 
     results = run_batched(requests, prepare, compute)
     out: list[dict[str, np.ndarray] | Exception] = []
@@ -181,18 +205,17 @@ def tokenize_requests(
         if isinstance(result, Exception):
             out.append(result)
             continue
-        out.append(
-            {
-                "input_ids": _padded(result["input_ids"], pad_id, buckets),
-                "attention_mask": _padded(result["attention_mask"], 0, buckets),
-            }
-        )
+        out.append({
+            name: _padded(rows, pad_id if name == "input_ids" else 0, buckets)
+            for name, rows in result.items()
+        })
     return out
 
 
 @dataclass(frozen=True)
 class TokenizerSettings:
-    """What the ``text_tokenizer`` model reads from its config ``parameters``."""
+    """What the ``text_tokenizer`` model reads from its config: ``parameters``, and from its
+    inputs and outputs whether it tokenizes pairs and emits ``token_type_ids``."""
 
     tokenizer_file: Path
     max_length: int = 256
@@ -200,13 +223,19 @@ class TokenizerSettings:
     # Optional fixed-shape padding. Empty: each request is padded to its own longest text and
     # the encoder's ragged batching merges requests (docs/padding.md measures both).
     buckets: tuple[int, ...] = ()
+    prompt: str = ""
+    pairs: bool = False
+    token_types: bool = False
 
     @classmethod
     def from_parameters(
-        cls, params: Mapping[str, str], version_dir: Path, model: str
+        cls, params: Mapping[str, str], version_dir: Path, model: str,
+        inputs: Sequence[str] = (TEXT_INPUT,), outputs: Sequence[str] = OUTPUTS,
     ) -> TokenizerSettings:
         """Parse ``tokenizer_file`` (relative to ``version_dir``), ``max_length``,
-        ``max_text_bytes`` and ``length_buckets`` (comma-separated).
+        ``max_text_bytes``, ``length_buckets`` (comma-separated) and ``prompt``; ``inputs`` and
+        ``outputs`` are the config's tensor names (``TEXT_PAIR`` in: pairs; ``token_type_ids``
+        out: segment ids).
 
         Raises:
             ConfigurationError: a value is malformed or the tokenizer file is missing.
@@ -239,4 +268,7 @@ class TokenizerSettings:
             max_length=integer("max_length", 256),
             max_text_bytes=integer("max_text_bytes", DEFAULT_MAX_TEXT_BYTES),
             buckets=buckets,
+            prompt=params.get("prompt", ""),
+            pairs=PAIR_INPUT in inputs,
+            token_types=TOKEN_TYPES in outputs,
         )

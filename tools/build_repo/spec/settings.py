@@ -272,6 +272,10 @@ class CpuSpec:
         return "bf16" if self.precision == "bf16" else None
 
 
+# Default parity lengths stop here (plus the axis max, when the case is affordable: parity.py).
+PARITY_LENGTH_CAP = 512
+
+
 @strict
 class AxisSpec:
     """``axes.<axis>``: the TensorRT profile range of a dynamic axis and its parity lengths."""
@@ -288,14 +292,18 @@ class AxisSpec:
     parity: Omittable[tuple[PositiveInt, ...]] = Field(
         None,
         description="The lengths at which parity is checked, each in `[min, max]`; default "
-        "`{opt, max}`. There must be at least two distinct lengths, so without this key `opt` "
-        "must differ from `max`. Parity runs every parity batch × every combination of lengths.",
+        "`{opt, min(max, 512), max}`. There must be at least two distinct lengths, so without "
+        "this key `opt` must differ from `max`. Parity runs every parity batch × every "
+        "combination of lengths within a bounded size (see \"Parity shapes\" in docs/spec.md): "
+        "the build table and the manifest say which cases ran and which were not checked.",
     )
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        """The parity lengths: ``parity``, or ``{opt, max}``."""
-        return self.parity if self.parity is not None else tuple(sorted({self.opt, self.max}))
+        """The parity lengths: ``parity``, or ``{opt, min(max, 512), max}``."""
+        if self.parity is not None:
+            return self.parity
+        return tuple(sorted({self.opt, min(self.max, PARITY_LENGTH_CAP), self.max}))
 
     @model_validator(mode="after")
     def _ordered(self) -> AxisSpec:
@@ -344,7 +352,11 @@ class WarmupSpec:
     count: PositiveInt = Field(1, description="`model_warmup { count }`.")
 
 
-RECIPE_KINDS = ("hf-text-embedding", "hf-sequence-classification", "image-classification")
+RECIPE_KINDS = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder",
+                "image-classification")
+# What a cross-encoder's graph applies to its logits (sentence-transformers' CrossEncoder
+# activation_fn: Sigmoid for one label, Identity otherwise, unless its config names one).
+CROSS_ENCODER_ACTIVATIONS = ("sigmoid", "identity")
 
 
 @strict
@@ -353,14 +365,16 @@ class RecipeSpec:
 
     kind: Literal[RECIPE_KINDS] = Field(  # type: ignore[valid-type]
         description="`hf-text-embedding` (encoder + pooling + optional L2 normalisation → "
-        "`embedding`), `hf-sequence-classification` (→ `logits`) or `image-classification` "
-        "(`factory`'s model: `pixel_values` → `logits`)."
+        "`embedding`), `hf-sequence-classification` (→ `logits`), `hf-cross-encoder` (a "
+        "`*ForSequenceClassification` model scoring text pairs: `input_ids`, `attention_mask` "
+        "and, when the model takes them, `token_type_ids` → `score`, `activation` applied in the "
+        "graph) or `image-classification` (`factory`'s model: `pixel_values` → `logits`)."
     )
     path: Omittable[str] = Field(
         None,
         description="The `hf-*` kinds: the local Hugging Face folder (`config.json`, weights). A "
-        "relative path is resolved against the spec's folder. Its `config.json` and weight files "
-        "are hashed into the build key.",
+        "relative path is resolved against the spec's folder. Its `config.json`, weight files "
+        "and tokenizer files are hashed into the build key.",
     )
     pooling: Literal["mean", "cls"] = Field(
         "mean",
@@ -373,7 +387,14 @@ class RecipeSpec:
     factory: Omittable[Reference] = Field(
         None,
         description="`image-classification`: `build_model()` → `torch.nn.Module` in eval mode "
-        "taking `pixel_values` float32 `[batch, 3, H, W]` and returning logits.",
+        "taking `pixel_values` float32 `[batch, 3, H, W]` and returning logits (or an output "
+        "with `.logits`, as transformers' image classifiers return).",
+    )
+    activation: Omittable[Literal[CROSS_ENCODER_ACTIVATIONS]] = Field(  # type: ignore[valid-type]
+        None,
+        description="`hf-cross-encoder` (required there, refused elsewhere): `sigmoid` or "
+        "`identity` on the logits, inside the graph. `tools add` writes what "
+        "sentence-transformers' `CrossEncoder` applies for the folder.",
     )
 
     @model_validator(mode="after")
@@ -388,8 +409,36 @@ class RecipeSpec:
             rules.add(("factory",), f"is required for kind {self.kind!r}")
         if not folder and self.path is not None:
             rules.add(("path",), f"is not accepted for kind {self.kind!r}")
+        pairs = self.kind == "hf-cross-encoder"
+        if pairs and self.activation is None:
+            rules.add(("activation",), f"is required for kind {self.kind!r} (one of "
+                                       f"{list(CROSS_ENCODER_ACTIVATIONS)})")
+        if not pairs and self.activation is not None:
+            rules.add(("activation",), f"is not accepted for kind {self.kind!r}")
         rules.raise_any()
         return self
+
+
+# What a Python model's recipe writes into its version folder.
+PYTHON_RECIPE_FILES = {"hf-tokenizer": "tokenizer.json"}
+
+
+@strict
+class PythonRecipeSpec:
+    """``recipe`` of a Python model: data files made at build time from a Hugging Face folder."""
+
+    kind: Literal[tuple(PYTHON_RECIPE_FILES)] = Field(  # type: ignore[valid-type]
+        description="`hf-tokenizer`: the folder's tokenizer written as `tokenizer.json` in the "
+        "version folder, converted by transformers' fast tokenizer (`AutoTokenizer`) from the "
+        "files it reads (`vocab.txt`, `tokenizer_config.json` with `do_lower_case` and the like, "
+        "`special_tokens_map.json`). `tools add` writes it for a folder without `tokenizer.json`; "
+        "the user's folder is never written."
+    )
+    path: str = Field(
+        description="The Hugging Face folder; a relative path is resolved against the spec's "
+        "folder. Its tokenizer files and the transformers/tokenizers versions are hashed into "
+        "the build key."
+    )
 
 
 @strict
