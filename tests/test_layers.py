@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("stages", ("tools.serve", "tools.load", "tools.loadtest", "tools.bench", "tools.tune",
                 "tools.deploy", "tools.add", "tools.infer", "tools.gpu_check",
                 "tools.spec_schema", "tools.init")),
-    ("cli", ("tools.cli",)),
+    ("cli", ("tools.cli", "tools.cli_doc")),
 ]
 
 
