@@ -21,9 +21,12 @@ from tools.command import renamed_options
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 WHOLE_PATH = "## From your model to a P99-gated deployment"
-# ``tools NAME [SUB]`` at the start of a command: first, after a path, ``$(``, ``&&`` or ``VAR=x``.
-_TOOLS = re.compile(r"(?:^|/|&& |\$\(|=\S+ )tools ([a-z][a-z0-9-]*(?: [a-z][a-z0-9-]*)?)(.*)$")
+# ``tools NAME [SUB]`` at the start of a command: first, after a path, ``(`` (``$(``), ``&&`` or
+# ``VAR=x``; in scripts also ``$TOOLS`` (quickstart.sh's name for .venv/bin/tools).
+_TOOLS = re.compile(r"(?:^|/|\(|&& |=\S+ )tools ([a-z][a-z0-9-]*(?: [a-z][a-z0-9_-]*)?)(.*)$")
+_ASSIGNED = re.compile(r"\b\w+=[^\s(]*tools\b")  # TOOLS=.venv/bin/tools: a name, not a command
 PAGES = [README, ROOT / "loadtests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "scripts").glob("*.sh"))]
 
 
 def _code_blocks(text: str) -> list[str]:
@@ -59,10 +62,12 @@ def _tools_lines(path: Path) -> list[list[str]]:
     """Each ``tools ...`` command line in the code blocks of ``path`` (``tools`` first, after a
     path, an environment assignment or ``&&``), as its words, joined across ``\\``
     continuations; comments and what follows ``&&``/``|``/``;`` left out."""
+    text = path.read_text(encoding="utf-8")
+    blocks = _code_blocks(text) if path.suffix == ".md" else [text.replace("$TOOLS", "tools")]
     found = []
-    for block in _code_blocks(path.read_text(encoding="utf-8")):
+    for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #", 1)[0].strip()
+            line = _ASSIGNED.sub("", line.split(" #", 1)[0]).strip()
             match = _TOOLS.search(line)
             if match is None or line.startswith("#"):
                 continue
@@ -75,10 +80,10 @@ def _tools_lines(path: Path) -> list[list[str]]:
     return found
 
 
-def test_every_tools_command_in_the_docs_is_real_and_spelt_as_help_shows_it():
+def test_every_tools_command_in_the_docs_and_scripts_is_real_and_spelt_as_help_shows_it():
     known = dict(commands())
     problems = []
-    for page in PAGES:
+    for page in [*PAGES, *SCRIPTS]:
         for words in _tools_lines(page):
             name = " ".join(words[:2]) if " ".join(words[:2]) in known else words[0]
             if name not in known:
