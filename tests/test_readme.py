@@ -51,6 +51,13 @@ def test_the_two_quick_start_commands_are_the_scripts_that_do_what_the_readme_sa
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
+def test_the_commands_at_a_glance_are_every_command_there_is():
+    section = README.read_text(encoding="utf-8").split("## Commands at a glance\n", 1)[1]
+    rows = re.findall(r"^\| `tools ([a-z-]+(?: [a-z0-9]+)?)", section.split("\n## ")[0], re.M)
+    listed = {row if row in dict(commands()) else row.split()[0] for row in rows}
+    assert listed == {name for name, _ in commands()}
+
+
 def test_the_readme_is_short_and_leaves_the_whole_path_section_to_its_author():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200
