@@ -12,16 +12,8 @@ from tools import paths
 from tools.bench import report
 from tools.bench.sweep import BenchPlan, run_bench
 from tools.bench.targets import DEFAULT_PIPELINES
-from tools.command import (
-    ToolCommand,
-    data_option,
-    grpc_url_option,
-    option,
-    protocol_option,
-    scenario_names,
-    spec_option,
-    url_option,
-)
+from tools.command import (ToolCommand, data_option, grpc_url_option, option, protocol_option,
+                           scenario_names, spec_option, url_option)
 from tools.errors import UserInputError
 
 DEFAULT_TEXTS = paths.TEXTS_FILE
