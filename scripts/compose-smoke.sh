@@ -257,7 +257,7 @@ for p in filter(str.isdigit, os.listdir('/proc')):
 load_gate() {
   # The loadtest service of docker-compose.yml, gated on the cpu profile of loadtests/slo.yaml.
   local cmd=(tools loadtest --url triton:8000 --grpc-url triton:8001 --slo-profile cpu
-    --report-dir /results)
+    --output /results)
   [ -z "${LOAD_DURATION:-}" ] || cmd+=(--duration "$LOAD_DURATION")
   tf_log "SLO gate: compose run loadtest ${cmd[*]:1}"
   TF_ENGINE_TIMEOUT="$LOAD_TIMEOUT" tf_compose --profile load run -T --rm --no-deps loadtest "${cmd[@]}" >&2 \

@@ -160,7 +160,7 @@ def _committed(tmp_path: Path) -> Path:
 
 def test_check_passes_when_committed_configs_match_the_spec(tmp_path):
     output = _committed(tmp_path)
-    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
+    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--repository", str(output), "--check"])
     assert result.exit_code == 0, result.output
     assert check_repository(SPEC, output) == []
 
@@ -169,7 +169,7 @@ def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
     output = _committed(tmp_path)
     path = output / "text_tokenizer" / "config.pbtxt"
     path.write_text(path.read_text().replace("max_queue_size: 64", "max_queue_size: 9"))
-    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
+    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--repository", str(output), "--check"])
     assert result.exit_code != 0
     assert "-    max_queue_size: 9" in result.output
     assert "+    max_queue_size: 64" in result.output
@@ -192,7 +192,7 @@ def test_cli_rejects_an_unknown_only_name_as_a_usage_error(tmp_path):
     from tools.cli import cli
 
     result = CliRunner().invoke(
-        cli, ["build-repo", "--spec", str(SPEC), "--output", str(tmp_path / "out"), "--only", "nope"]
+        cli, ["build-repo", "--spec", str(SPEC), "--repository", str(tmp_path / "out"), "--only", "nope"]
     )
     assert result.exit_code == 2
     assert "--only nope: not in" in result.output

@@ -396,7 +396,7 @@ def test_build_repo_cli_without_a_gpu_exits_1_naming_the_models(tmp_path):
 
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", "build-repo", "--target", "gpu", "--spec",
-         str(REPO_ROOT / "repository.yaml"), "--output", str(tmp_path / "out"), "--no-progress"],
+         str(REPO_ROOT / "repository.yaml"), "--repository", str(tmp_path / "out"), "--no-progress"],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
     )
     if "TensorRT plans of" not in proc.stderr and proc.returncode == 0:

@@ -90,7 +90,7 @@ def test_loadtest_exits_nonzero_with_one_line_when_p99_target_is_unattainable(
     result = CliRunner().invoke(cli, [
         "loadtest", "--url", triton_server.http_url, "--scenario", "text_embedding",
         "--protocol", "http", "--duration", "3", "--warmup", "1", "--slo-file", str(slo),
-        "--report-dir", str(tmp_path / "report"),
+        "--output", str(tmp_path / "report"),
     ])
     assert result.exit_code == 1, result.output
     last = result.output.strip().splitlines()[-1]
