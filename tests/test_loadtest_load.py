@@ -15,7 +15,7 @@ from tools.cli import cli
 from tools.loadtest.command import run_loadtests
 from tools.loadtest.gate import read_records
 from tools.loadtest.runner import RunSpec, run_locust
-from tools.loadtest.slo import DEFAULT_SLO_FILE
+from tools.slo import DEFAULT_SLO_FILE
 from tools.net import free_ports
 
 SMOKE_WARMUP_S = 3.0

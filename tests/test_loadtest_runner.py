@@ -24,7 +24,7 @@ from tools.loadtest.runner import (
     parse_progress,
     run_locust,
 )
-from tools.loadtest.slo import DEFAULT_SLO_FILE
+from tools.slo import DEFAULT_SLO_FILE
 from waits import wait_until
 
 

@@ -15,7 +15,7 @@ from pydantic.json_schema import JsonSchemaValue
 
 from tools import paths
 from tools.build_repo.spec import REPOSITORY_YAML
-from tools.loadtest.slo import SLO_YAML
+from tools.slo import SLO_YAML
 from tools.typed_yaml import NAME_PATTERN, REFERENCE_PATTERN, json_schema
 
 ROOT = paths.CHECKOUT

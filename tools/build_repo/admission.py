@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tools.build_repo.config import TritonModelConfig
 from tools.build_repo.spec import DynamicBatchingSpec, QueuePolicySpec, RepoSpec
-from tools.loadtest.slo import PROTOCOLS, NoScenarioSLO, load_slo, slo_file_for
+from tools.slo import PROTOCOLS, NoScenarioSLO, load_slo, slo_file_for
 
 P99_PARAMETER = "admission_p99_ms"  # tools/serve/admission.py reads it (the guards run alone)
 

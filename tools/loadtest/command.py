@@ -29,7 +29,7 @@ from tools.command import (
 from tools.errors import LoadTestError, UserInputError
 from tools.load.scenario import Scenario, build_scenario
 from tools.loadtest.runner import DEFAULT_SPEC, RunResult, RunSpec, run_locust
-from tools.loadtest.slo import (
+from tools.slo import (
     PROTOCOLS,
     NoScenarioSLO,
     default_slo_file,
