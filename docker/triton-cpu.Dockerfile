@@ -59,13 +59,13 @@ COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.
 FROM serve AS builder
 WORKDIR /opt/triton-forge
 # Dependencies first (a layer that survives source changes), then the project, editable, so
-# `tools` finds backends/ here; CPU torch pinned by scripts/constraints-cpu.txt as in CI.
-COPY pyproject.toml /tmp/pyproject.toml
-COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
+# `tools` finds backends/ here: every file of docker/requirements-builder-cpu.lock (the project's
+# dependencies and `load` extra from pyproject.toml, CPU torch, setuptools and wheel for the
+# editable install; the serving packages at the versions above), each checked against its sha256.
+COPY docker/requirements-builder-cpu.lock /tmp/requirements-builder-cpu.lock
 RUN --mount=type=bind,source=build/images/wheelhouse,target=/wheels \
-    python3 -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["load"]))' >/tmp/requirements.txt \
- && pip install --quiet -c /tmp/constraints-cpu.txt -r /tmp/requirements.txt "setuptools>=77" wheel \
- && rm /tmp/requirements.txt /tmp/pyproject.toml
+    pip install --quiet --require-hashes --no-deps -r /tmp/requirements-builder-cpu.lock \
+ && rm /tmp/requirements-builder-cpu.lock
 COPY pyproject.toml README.md* repository.yaml* ./
 COPY tools ./tools
 COPY backends ./backends

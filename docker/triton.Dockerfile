@@ -4,7 +4,9 @@
 #
 #   serve   : tritonserver + the few packages the Python-backend models import
 #   builder : serve + this project (CPU torch) + the tensorrt Python module matching the image
-ARG TRITON_IMAGE
+# The default is the pin of docker-compose.yml (x-triton-image), by digest:
+# nvcr.io/nvidia/tritonserver:25.08-py3
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver@sha256:f836551575df7c9fb71144073845c6b3911de57db91a8c95e0687a4d2ac9f7a5
 FROM ${TRITON_IMAGE} AS serve
 
 # The NGC images are Ubuntu 24.04 with Python 3.12, whose pip refuses system installs (PEP 668);
@@ -40,13 +42,20 @@ COPY pyproject.toml README.md* repository.yaml* ./
 COPY tools ./tools
 COPY backends ./backends
 COPY loadtests ./loadtests
-# CPU torch, pinned by the same constraints file as CI (scripts/constraints-cpu.txt): the
-# builder exports ONNX on the CPU and TensorRT does the GPU work; an unpinned torch from the
-# default index would pull a multi-GB CUDA build. Editable, so `tools` finds backends/ here.
+# Every file of docker/requirements-builder.lock (the project's dependencies and `load` extra,
+# resolved for this Python 3.12, torch's own requirements, the serving packages at the versions
+# above), each checked against its sha256; then the CPU build of torch the CPU builder runs
+# (docker/requirements-builder-torch.txt, from PyTorch's CPU index: the builder exports ONNX on
+# the CPU and TensorRT does the GPU work; PyPI's torch is a multi-GB CUDA build). pip checks its
+# hashes when that file has them (scripts/lock_requirements.py says when it cannot). Editable,
+# so `tools` finds backends/ here.
+COPY docker/requirements-builder.lock docker/requirements-builder-torch.txt /tmp/
 COPY scripts/constraints-cpu.txt /tmp/constraints-cpu.txt
-RUN python3 -m pip install --index-url https://download.pytorch.org/whl/cpu \
-        -c /tmp/constraints-cpu.txt torch \
- && python3 -m pip install -c /tmp/constraints-cpu.txt -e ".[load]"
+RUN python3 -m pip install --require-hashes --no-deps -r /tmp/requirements-builder.lock \
+ && python3 -m pip install --no-deps --index-url https://download.pytorch.org/whl/cpu \
+        -r /tmp/requirements-builder-torch.txt \
+ && python3 -m pip install --no-deps --no-build-isolation -e . \
+ && rm /tmp/requirements-builder.lock /tmp/requirements-builder-torch.txt
 # TensorRT's Python module over this image's own libnvinfer, so a plan is built by the library
 # tritonserver loads it with: only the bindings wheel of the image's TensorRT version and CUDA
 # major (`tensorrt-cu13-bindings==10.13.2.*` on 25.08; no dependencies, no second TensorRT), and

@@ -46,11 +46,14 @@ from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
+from tritonclient.utils import triton_to_np_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools import paths, process  # noqa: E402
 from tools.load.scenario import load_images, load_texts  # noqa: E402
-from tools import process  # noqa: E402
 from tools.serve import faults, health  # noqa: E402
+from tools.load import Background, ClosedLoop, OpenLoop, RawHttp, Request  # noqa: E402
+from tools.load.senders import CLIENT_TIMEOUT, Sender, TritonGrpc  # noqa: E402
 from tools.serve.recovery import instance_model  # noqa: E402
 from tools.stats import Record, end_s  # noqa: E402
 
@@ -61,53 +64,54 @@ _RSS_EVERY_S = 5.0
 _MAX_IDLE_S = 15.0
 
 
-# ---- the seam to the load code: the only place that touches it
+# ---- the load: lanes over the load engine (tools/load)
 
 
-@dataclass
-class _RawHttpLoad(faults.HttpLoad):
-    """``faults.HttpLoad`` sending ready-made requests (head and body), such as binary-tensor
-    bodies, which it cannot build itself."""
+class _ReadyHttp(RawHttp):
+    """``RawHttp`` sending each request's body as the complete HTTP/1.1 request it already is
+    (head and body: binary-tensor requests, malformed ones)."""
 
-    raw: Sequence[bytes] = ()
-
-    def _requests(self) -> list[bytes]:
-        return list(self.raw)
+    def prepare(self, request: Request) -> bytes:
+        assert request.body is not None
+        return request.body
 
 
 class Lane:
-    """One stream of requests to one model, run by the project's load code in a thread.
-
-    Today ``tools.serve.faults.HttpLoad`` (keep-alive, open loop timed from the scheduled send);
-    when the ``tools/load`` engine lands, its raw-bytes HTTP sender replaces it here and
-    nowhere else.
+    """One stream of requests to one model, sent by the load engine in a thread of its own.
 
     Args:
-        url: ``host:port`` of the HTTP endpoint.
         model: The model the requests go to (for the kill windows).
         kind: ``valid`` or ``bad``.
-        requests: Complete HTTP/1.1 requests, sent in turn.
-        timeout_s: Client timeout per request.
+        sender: How they go: ``_ReadyHttp`` (keep-alive connections) or ``TritonGrpc`` (one
+            channel, through the gRPC guard).
+        requests: Sent in turn (for ``_ReadyHttp``, complete HTTP requests as their ``body``).
     """
 
-    def __init__(self, url: str, model: str, kind: str, requests: Sequence[bytes],
-                 timeout_s: float) -> None:
-        self.model, self.kind, self._requests = model, kind, list(requests)
-        self._url, self._timeout_s = url, timeout_s
-        self._load: _RawHttpLoad | None = None
+    def __init__(self, model: str, kind: str, sender: Sender, requests: Sequence[Request]) -> None:
+        self.model, self.kind, self.protocol = model, kind, sender.protocol
+        self._sender, self._requests = sender, list(requests)
+        self._load: Background | None = None
+
+    @classmethod
+    def http(cls, url: str, model: str, kind: str, requests: Sequence[bytes],
+             timeout_s: float) -> Lane:
+        """A lane of complete HTTP/1.1 requests to ``url``."""
+        return cls(model, kind, _ReadyHttp(url, timeout_s=timeout_s),
+                   [Request(model, body=raw) for raw in requests])
 
     def start(self, *, rate: float = 0.0, users: int = 0, duration_s: float) -> Lane:
         """Send for ``duration_s``: open loop at ``rate``/s, or closed loop with ``users``."""
-        self._load = _RawHttpLoad(self._url, self.model, (), self._timeout_s, raw=self._requests)
-        options: dict[str, Any] = {"users": users} if users else {
-            "rate": rate, "connections": lane_connections(rate, self._timeout_s)}
-        self._load.start(duration_s=duration_s, **options)
+        pacing = ClosedLoop(users) if users else OpenLoop(
+            rate, max_in_flight=lane_connections(rate, self._sender.timeout_s or 10.0))
+        self._load = Background(self._requests, self._sender, pacing,
+                                duration_s=duration_s).start()
         return self
 
     def join(self) -> list[Record]:
         """Wait for the planned duration (and the requests in flight); the records."""
         assert self._load is not None
-        return list(self._load.join())
+        self._load.join()
+        return list(self._load.records)
 
 
 def lane_connections(rate: float, timeout_s: float) -> int:
@@ -137,11 +141,11 @@ def _string_inputs(config: Mapping[str, Any]) -> list[dict] | None:
     return None
 
 
-def _binary_request(host: str, model: str, inputs: list[tuple[str, list[int], bytes]]) -> bytes:
+def _binary_request(host: str, model: str, inputs: Mapping[str, np.ndarray]) -> bytes:
     tensors = []
-    for name, shape, value in inputs:
-        tensor = httpclient.InferInput(name, shape, "BYTES")
-        tensor.set_data_from_numpy(np.full(shape, value, dtype=np.object_), binary_data=True)
+    for name, array in inputs.items():
+        tensor = httpclient.InferInput(name, list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array, binary_data=True)
         tensors.append(tensor)
     body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors)
     head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
@@ -155,22 +159,32 @@ def _json_request(host: str, model: str, inputs: Iterable[tuple[str, list[int], 
     return faults.infer_request(host, model, body)
 
 
-def valid_requests(host: str, model: str, config: Mapping[str, Any]) -> tuple[str, list[bytes]]:
-    """(kind, requests) for ``model``: ``image``, ``text`` or ``tensor``."""
+def valid_inputs(config: Mapping[str, Any]) -> tuple[str, list[dict[str, np.ndarray]]]:
+    """(kind, the inputs of each valid request) for a model: ``image`` (the shipped photos),
+    ``text`` (the shipped texts) or ``tensor`` (a probe tensor)."""
     strings = _string_inputs(config)
     if strings and any("IMAGE" in i["name"].upper() for i in strings):
-        return "image", [
-            _binary_request(host, model, [(i["name"], _shape(config, i["dims"]), data)
-                                          for i in strings])
-            for _, data in load_images()]
+        return "image", [{i["name"]: np.full(_shape(config, i["dims"]), data, dtype=np.object_)
+                          for i in strings} for _, data in load_images(paths.IMAGES_DIR)]
     if strings:
-        texts = load_texts()[:200]
+        texts = [t.encode() for t in load_texts(paths.TEXTS_FILE)[:200]]
         return "text", [
-            _json_request(host, model, [(i["name"], _shape(config, i["dims"]), "BYTES",
-                                         [texts[(n + k) % len(texts)]])
-                                        for k, i in enumerate(strings)])
+            {i["name"]: np.full(_shape(config, i["dims"]), texts[(n + k) % len(texts)],
+                                dtype=np.object_) for k, i in enumerate(strings)}
             for n in range(len(texts))]
-    return "tensor", [faults.infer_request(host, model, health.probe_request(config))]
+    probe = health.probe_request(config)["inputs"]
+    return "tensor", [{i["name"]: np.array(i["data"], dtype=triton_to_np_dtype(i["datatype"]))
+                       .reshape(i["shape"]) for i in probe}]
+
+
+def valid_requests(host: str, model: str, kind: str,
+                   inputs: Sequence[Mapping[str, np.ndarray]]) -> list[bytes]:
+    """Complete HTTP requests of ``inputs`` to ``model``: binary tensors for images, KServe v2
+    JSON otherwise."""
+    if kind == "image":
+        return [_binary_request(host, model, tensors) for tensors in inputs]
+    return [faults.infer_request(host, model, Request(model, tensors).http_body())
+            for tensors in inputs]
 
 
 def bad_requests(host: str, model: str, config: Mapping[str, Any]) -> list[bytes]:
@@ -230,18 +244,17 @@ class Serve:
              "--forge-metrics-port", "0", "--exit-timeout", "5"],
             stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
             cwd=Path(__file__).resolve().parents[1])
-        self.pid, self.starts, self.http, self.status_url = 0, 0, "", ""
+        self.pid, self.starts, self.http, self.grpc, self.status_url = 0, 0, "", "", ""
+        self.server_log = ""  # tritonserver's; a restart keeps the crashed run's beside it
         announced = threading.Event()
 
         def follow() -> None:
             for line in self.proc.stdout:
                 if m := re.match(r"^tritonserver ready: pid (\d+), log (.+)$", line.rstrip()):
                     self.pid, self.starts = int(m.group(1)), self.starts + 1
-                    if self.starts == 1:
-                        threading.Thread(target=self._keep_log, args=(Path(m.group(2)),),
-                                         daemon=True).start()
-                elif m := re.match(r"^http\s+(\S+)$", line.strip()):
-                    self.http = m.group(1)
+                    self.server_log = m.group(2)
+                elif m := re.match(r"^(http|grpc)\s+(\S+)$", line.strip()):
+                    setattr(self, m.group(1), m.group(2))
                 elif m := re.match(r"^status\s+(\S+)/status,", line):
                     self.status_url = m.group(1)
                     announced.set()
@@ -252,29 +265,9 @@ class Serve:
             raise SystemExit(f"tools serve not ready after {start_timeout_s:g} s "
                              f"(its log: {log_path})")
 
-    def _keep_log(self, server_log: Path) -> None:
-        """Copy tritonserver's log next to ``log_path`` as it grows: a restarted server starts
-        its log anew, and the crash that made it restart would be lost."""
-        kept, offset = self.log_path.with_suffix(".tritonserver.log").open("ab"), 0
-        while self.proc.poll() is None:
-            try:
-                size = server_log.stat().st_size
-                if size < offset:  # started anew
-                    kept.write(b"\n---- tritonserver restarted: a new log ----\n")
-                    offset = 0
-                with server_log.open("rb") as log:
-                    log.seek(offset)
-                    chunk = log.read()
-                kept.write(chunk)
-                kept.flush()
-                offset += len(chunk)
-            except OSError:
-                pass
-            time.sleep(0.2)
-        kept.close()
-
     def restart_reasons(self) -> list[str]:
-        """Why ``tools serve`` restarted tritonserver, one line each (from its log)."""
+        """Why ``tools serve`` restarted tritonserver, one line each (from its log), each with
+        the end of the crashed run's log, which ``tools serve`` keeps."""
         self._log.flush()
         return [line.strip() for line in self.log_path.read_text(errors="replace").splitlines()
                 if "restarting the server" in line]
@@ -291,14 +284,20 @@ class Serve:
                                                     re.MULTILINE)}
 
     def rss_mb(self) -> dict[str, float]:
-        """RSS in MB by role: ``tritonserver``, ``stubs <model>`` (its instances summed), and
-        ``others`` (what else tools serve runs: the HTTP guard)."""
+        """RSS in MB by role: ``tools serve`` itself (the watch loop, the status endpoint),
+        ``tritonserver``, ``stubs <model>`` (its instances summed), the guards (``http guard``, ``grpc guard``) and ``others`` (anything else tools serve
+        runs)."""
         stubs = process.stub_processes(self.pid)
-        roles: dict[str, list[int]] = {"tritonserver": [self.pid]}
+        roles: dict[str, list[int]] = {"tools serve": [self.proc.pid], "tritonserver": [self.pid]}
         for instance, pid in stubs.items():
             roles.setdefault(f"stubs {instance_model(instance)}", []).append(pid)
-        roles["others"] = [p.pid for p in process.descendants(self.proc.pid)
-                           if p.pid != self.pid and p.pid not in stubs.values()]
+        for proc in process.descendants(self.proc.pid):
+            if proc.pid == self.pid or proc.pid in stubs.values():
+                continue
+            argv = " ".join(process.command_line(proc.pid))
+            role = next((f"{kind} guard" for kind in ("http", "grpc")
+                         if f"tools.serve.{kind}_guard" in argv), "others")
+            roles.setdefault(role, []).append(proc.pid)
         return {role: faults.sample(pids).rss_bytes / 1e6 for role, pids in roles.items()}
 
     def stop(self) -> int:
@@ -336,9 +335,12 @@ class Figures:
     minutes: float
     capacity_rps: float
     rate_rps: float
+    kills_planned: bool = True  # False with --kill-every 0 (a run measuring memory alone)
+    server_log: str = ""  # tritonserver's log (earlier runs' beside it: tools.process.rotate_log)
     requests: dict[str, int] = field(default_factory=dict)
     bad_answers: dict[str, dict[str, int]] = field(default_factory=dict)
     lost_outside_windows: int = 0
+    lost_to_overload: int = 0  # of those: timeouts (the client's, or a queue's HTTP 503)
     lost_examples: list[str] = field(default_factory=list)
     excused_in_windows: int = 0
     kills: list[dict] = field(default_factory=list)
@@ -346,6 +348,7 @@ class Figures:
     restarts: dict[str, float] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)
     rss_by_role_mb: dict[str, list[float]] = field(default_factory=dict)  # [after warm-up, end]
+    rss_by_minute_mb: dict[str, list[float]] = field(default_factory=dict)  # role -> per minute
     lost_kinds: dict[str, int] = field(default_factory=dict)
     misses: list[str] = field(default_factory=list)
 
@@ -357,6 +360,14 @@ def _status_code(record: Record) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def overload(record: Record) -> bool:
+    """A request that failed by waiting too long: the client's timeout, or tritonserver's queue
+    timeout (HTTP 503 "Request timeout expired"), what an overloaded machine gives; anything
+    else that fails is an error."""
+    return record.error == CLIENT_TIMEOUT or (
+        _status_code(record) == 503 and "timeout" in record.error.lower())
+
+
 def lost(record: Record, kind: str) -> bool:
     """A valid request not answered 200; a bad one not answered at all (Triton 2.51 answers
     some bad requests with 500, e.g. malformed JSON: an answer, not a loss)."""
@@ -365,28 +376,48 @@ def lost(record: Record, kind: str) -> bool:
     return _status_code(record) is None
 
 
+@dataclass
+class Lost:
+    """The lost requests of a soak.
+
+    Attributes:
+        outside: Lost outside the kill windows.
+        overload: Of ``outside``, those lost to a timeout (``overload``), not to an error.
+        excused: Lost inside a kill window of their model.
+        examples: A few of ``outside``, with their time and error.
+        kinds: How many of ``outside`` each kind of error (model, lane, message) lost.
+    """
+
+    outside: int = 0
+    overload: int = 0
+    excused: int = 0
+    examples: list[str] = field(default_factory=list)
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
 def count_lost(lanes: Iterable[tuple[str, str, list[Record]]], kills: Sequence[Kill],
                configs: Mapping[str, Mapping[str, Any]], counted_from_s: float,
-               timeout_s: float, end_s_: float) -> tuple[int, int, list[str], dict[str, int]]:
-    """(lost outside the kill windows, excused inside them, a few lost examples, how many of
-    each kind of error were lost outside) of lanes given as (model, kind, records)."""
+               timeout_s: float, end_s_: float) -> Lost:
+    """The lost requests of lanes given as (model, kind, records)."""
     windows = [(affected(k.model, configs), *k.window(timeout_s, end_s_)) for k in kills]
-    outside, excused, examples, kinds = 0, 0, [], {}
+    found = Lost()
     for model, kind, records in lanes:
         for record in records:
             if record.start_s < counted_from_s or not lost(record, kind):
                 continue
             if any(model in models and record.start_s <= stop and end_s(record) >= start
                    for models, start, stop in windows):
-                excused += 1
+                found.excused += 1
                 continue
-            outside += 1
+            found.outside += 1
+            found.overload += overload(record)
             what = f"{model} ({kind}): " + re.sub(r"\d+", "N", record.error)[:90]
-            kinds[what] = kinds.get(what, 0) + 1
-            if len(examples) < 5:
-                examples.append(f"{model} ({kind}) at +{record.start_s - counted_from_s:.1f} s: "
-                                f"{record.error}")
-    return outside, excused, examples, dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+            found.kinds[what] = found.kinds.get(what, 0) + 1
+            if len(found.examples) < 5:
+                found.examples.append(f"{model} ({kind}) at +{record.start_s - counted_from_s:.1f}"
+                                      f" s: {record.error}")
+    found.kinds = dict(sorted(found.kinds.items(), key=lambda kv: -kv[1]))
+    return found
 
 
 def rss_growth(samples: Sequence[tuple[float, float]], kills: Sequence[Kill], timeout_s: float,
@@ -397,6 +428,19 @@ def rss_growth(samples: Sequence[tuple[float, float]], kills: Sequence[Kill], ti
     return (quiet[0], quiet[-1], max(quiet)) if len(quiet) >= 2 else None
 
 
+def by_minute(by_role: Sequence[tuple[float, Mapping[str, float]]],
+              from_s: float) -> dict[str, list[float]]:
+    """Role -> its RSS at ``from_s`` and at each whole minute after it (the first sample at or
+    after each mark; 0 where the role had no process), for the growth over time."""
+    picked, mark = [], from_s
+    for t, roles in by_role:
+        if t >= mark:
+            picked.append(roles)
+            mark += 60.0 * (1 + (t - mark) // 60.0)
+    names = sorted({role for roles in picked for role in roles})
+    return {role: [round(roles.get(role, 0.0), 1) for roles in picked] for role in names}
+
+
 def misses(figures: Figures) -> list[str]:
     """The targets ``figures`` misses, one line each."""
     found = []
@@ -404,13 +448,16 @@ def misses(figures: Figures) -> list[str]:
         found.append(f"tritonserver restarted {len(figures.server_restarts)} times: "
                      f"{figures.server_restarts[0]}")
     if figures.lost_outside_windows:
+        errors = figures.lost_outside_windows - figures.lost_to_overload
         found.append(f"{figures.lost_outside_windows} requests lost outside the kill windows "
-                     f"(target 0), e.g. {figures.lost_examples[:2]}")
+                     f"(target 0: {figures.lost_to_overload} to timeouts under load, {errors} to "
+                     f"errors), e.g. {figures.lost_examples[:2]}")
     growth = figures.rss_mb.get("growth")
     if growth is None:
         found.append("RSS growth not measured (fewer than 2 samples outside the kill windows)")
     elif growth >= RSS_TARGET_MB:
-        found.append(f"RSS of tritonserver + stubs grew {growth:.1f} MB (target < {RSS_TARGET_MB:g})")
+        found.append(f"RSS of tools serve's processes grew {growth:.1f} MB "
+                     f"(target < {RSS_TARGET_MB:g})")
     killed: dict[str, int] = {}
     for kill in figures.kills:
         killed[kill["model"]] = killed.get(kill["model"], 0) + 1
@@ -420,7 +467,7 @@ def misses(figures: Figures) -> list[str]:
         count, seen = killed.get(model, 0), figures.restarts.get(model, 0)
         if seen != count:
             found.append(f"model '{model}': {count} kills but {seen:g} restarts in the metrics")
-    if not figures.kills:
+    if not figures.kills and figures.kills_planned:
         found.append("no stub was killed (the run is shorter than the first kill)")
     return found
 
@@ -465,16 +512,17 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
         configs = {m: triton.get_model_config(m) for m in models}
     steps = set().union(*(ensemble_steps(c) for c in configs.values()))
     entries = [m for m in models if m not in steps]
-    valid = {m: valid_requests(serve.http, m, configs[m]) for m in entries}
+    inputs = {m: valid_inputs(configs[m]) for m in entries}
+    valid = {m: valid_requests(serve.http, m, kind, tensors) for m, (kind, tensors) in inputs.items()}
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     say(f"chaos soak on {args.repository}: entry models "
-        + ", ".join(f"{m} ({kind})" for m, (kind, _) in valid.items()))
+        + ", ".join(f"{m} ({kind})" for m, (kind, _) in inputs.items()))
 
     if args.rate:
         capacity, shares = 0.0, {m: 1 / len(entries) for m in entries}
     else:
-        lanes = [Lane(serve.http, m, "valid", r, args.timeout_s).start(
-            users=args.capacity_users, duration_s=args.capacity_s) for m, (_, r) in valid.items()]
+        lanes = [Lane.http(serve.http, m, "valid", r, args.timeout_s).start(
+            users=args.capacity_users, duration_s=args.capacity_s) for m, r in valid.items()]
         ok = {lane.model: sum(r.ok for r in lane.join()) / args.capacity_s for lane in lanes}
         capacity = sum(ok.values())
         if capacity <= 0:
@@ -485,22 +533,30 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     rate = args.rate or args.load * capacity
     duration = args.minutes * 60.0
     start = time.monotonic()
-    lanes = [Lane(serve.http, m, "valid", r, args.timeout_s).start(
-        rate=rate * (1 - BAD_SHARE) * shares[m], duration_s=duration) for m, (_, r) in valid.items()]
-    lanes += [Lane(serve.http, m, "bad", bad_requests(serve.http, m, configs[m]),
-                   args.timeout_s).start(rate=rate * BAD_SHARE / len(entries), duration_s=duration)
+    http_share = (1 - BAD_SHARE) * (1 - args.grpc_share)
+    lanes = [Lane.http(serve.http, m, "valid", r, args.timeout_s).start(
+        rate=rate * http_share * shares[m], duration_s=duration) for m, r in valid.items()]
+    if args.grpc_share:
+        lanes += [Lane(m, "valid", TritonGrpc(serve.grpc, timeout_s=args.timeout_s),
+                       [Request(m, tensors) for tensors in inputs[m][1]]).start(
+            rate=rate * (1 - BAD_SHARE) * args.grpc_share * shares[m], duration_s=duration)
+            for m in entries]
+    lanes += [Lane.http(serve.http, m, "bad", bad_requests(serve.http, m, configs[m]),
+                        args.timeout_s).start(rate=rate * BAD_SHARE / len(entries),
+                                              duration_s=duration)
               for m in entries]
-    say(f"soak: {rate:.1f} req/s for {args.minutes:g} min ({BAD_SHARE:.0%} bad requests); "
-        f"a stub killed every {args.kill_every:g} s")
+    say(f"soak: {rate:.1f} req/s for {args.minutes:g} min ({BAD_SHARE:.0%} bad requests, "
+        f"{args.grpc_share:.0%} of the valid ones over gRPC); "
+        + (f"a stub killed every {args.kill_every:g} s" if args.kill_every else "no kills"))
 
-    samples: list[tuple[float, float]] = []  # (time, tritonserver + stubs)
+    samples: list[tuple[float, float]] = []  # (time, every process tools serve runs)
     by_role: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
 
     def sample_rss() -> None:
         while not stop.is_set():
             roles, now = serve.rss_mb(), time.monotonic()
-            samples.append((now, sum(mb for role, mb in roles.items() if role != "others")))
+            samples.append((now, sum(roles.values())))
             by_role.append((now, roles))
             stop.wait(_RSS_EVERY_S)
 
@@ -515,7 +571,7 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
     kills: list[Kill] = []
     warm = start + args.warmup_s
     next_kill = warm + args.kill_every
-    while next_kill <= start + duration - args.quiet_tail_s:
+    while args.kill_every and next_kill <= start + duration - args.quiet_tail_s:
         time.sleep(max(0.0, next_kill - time.monotonic()))
         model = next(stub_models)
         kill = _kill_and_wait(serve, model, args.recovery_limit_s)
@@ -528,25 +584,30 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
             + (f"ready again after {kill.ready_s - kill.at_s:.1f} s" if kill.ready_s
                else f"not ready after {args.recovery_limit_s:g} s"))
     records = [(lane.model, lane.kind, lane.join()) for lane in lanes]
+    protocols = [lane.protocol for lane in lanes]
     end = time.monotonic()
     stop.set()
     sampler.join()
     restarts = serve.metric("triton_forge_model_restarts_total")
 
-    figures = Figures(minutes=args.minutes, capacity_rps=round(capacity, 1), rate_rps=round(rate, 1))
-    for model, kind, recs in records:
-        key = f"{model} {kind}"
+    figures = Figures(minutes=args.minutes, capacity_rps=round(capacity, 1),
+                      rate_rps=round(rate, 1), kills_planned=bool(args.kill_every))
+    for (model, kind, recs), protocol in zip(records, protocols):
+        key = f"{model} {kind}" + (" grpc" if protocol == "grpc" else "")
         figures.requests[key] = figures.requests.get(key, 0) + sum(r.start_s >= warm for r in recs)
         if kind == "bad":
             answers = figures.bad_answers.setdefault(model, {})
             for code in (_status_code(r) for r in recs if r.start_s >= warm):
                 answers[str(code or "none")] = answers.get(str(code or "none"), 0) + 1
-    (figures.lost_outside_windows, figures.excused_in_windows, figures.lost_examples,
-     figures.lost_kinds) = count_lost(records, kills, configs, warm, args.timeout_s, end)
+    lost_ = count_lost(records, kills, configs, warm, args.timeout_s, end)
+    figures.lost_outside_windows, figures.lost_to_overload = lost_.outside, lost_.overload
+    figures.excused_in_windows, figures.lost_examples = lost_.excused, lost_.examples
+    figures.lost_kinds = lost_.kinds
     figures.kills = [{"model": k.model, "instance": k.instance, "at_s": round(k.at_s - start, 1),
                       "ready_s": None if k.ready_s is None else round(k.ready_s - k.at_s, 2)}
                      for k in kills]
     figures.server_restarts = serve.restart_reasons()
+    figures.server_log = serve.server_log
     figures.restarts = {m: n for m, n in sorted(restarts.items())
                         if n or m in {k.model for k in kills}}
     growth = rss_growth(samples, kills, args.timeout_s, warm)
@@ -558,6 +619,7 @@ def _soak(serve: Serve, args: argparse.Namespace) -> Figures:
         last = by_role[-1][1]
         figures.rss_by_role_mb = {role: [round(first.get(role, 0.0), 1), round(mb, 1)]
                                   for role, mb in sorted(last.items())}
+        figures.rss_by_minute_mb = by_minute(by_role, warm)
     figures.misses = misses(figures)
     return figures
 
@@ -569,13 +631,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, required=True, help="the repository to serve")
     parser.add_argument("--minutes", type=float, default=30.0, help="soak length")
     parser.add_argument("--kill-every", type=float, default=120.0,
-                        help="seconds between stub kills (round-robin over the models with stubs)")
+                        help="seconds between stub kills (round-robin over the models with stubs; "
+                             "0: none, a run that measures memory and lost requests alone)")
     parser.add_argument("--kill-models", type=lambda text: [m for m in text.split(",") if m],
                         help="comma-separated models whose stubs are killed, in turn "
                              "[default: every model with a Python stub]")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="requests/s in all (default: --load x the capacity measured first)")
     parser.add_argument("--load", type=float, default=0.5, help="fraction of capacity")
+    parser.add_argument("--grpc-share", type=float, default=0.25,
+                        help="share of the valid requests sent over gRPC (tritonclient, through "
+                             "the gRPC guard); the others and the bad ones go over HTTP")
     parser.add_argument("--capacity-s", type=float, default=20.0,
                         help="seconds of the closed-loop capacity run")
     parser.add_argument("--capacity-users", type=int, default=4, help="users per model")

@@ -12,6 +12,8 @@
 # find-links, certificate, constraints as PIP_* variables, and every local path they name
 # mounted read-only at the same place), to fill build/images/wheelhouse; the image builds then
 # install from that folder alone. TORCH_INDEX_URL is honoured as in scripts/setup.sh.
+# Tags hash the resolved locks (docker/requirements-cpu.lock; the builder's also
+# docker/requirements-builder-cpu.lock). `--print-tags`: print the tags and build nothing.
 set -euo pipefail
 source "$(dirname "$0")/compose-lib.sh"
 cd "$TF_ROOT"
@@ -83,11 +85,10 @@ fill_wheelhouse() {
   timeout 1800 "$ENGINE" run --rm --network host "${envs[@]}" "${mounts[@]}" \
     -v "$TF_ROOT:/src:ro" -v "$WHEELHOUSE:/wheels" "$BASE_IMAGE" sh -euc "
       python3 -m venv /tmp/pip
-      python3 -c 'import tomllib; p = tomllib.load(open(\"/src/pyproject.toml\", \"rb\"))[\"project\"]; print(\"\n\".join(p[\"dependencies\"] + p[\"optional-dependencies\"][\"load\"]))' >/tmp/requirements.txt
       /tmp/pip/bin/pip download --quiet --disable-pip-version-check --dest /wheels \
         --require-hashes --no-deps -r /src/docker/requirements-cpu.lock
       /tmp/pip/bin/pip download --quiet --disable-pip-version-check --dest /wheels $extra \
-        -c /src/scripts/constraints-cpu.txt -r /tmp/requirements.txt 'setuptools>=77' wheel"
+        --require-hashes --no-deps -r /src/docker/requirements-builder-cpu.lock"
 }
 
 build_target() {  # build_target TARGET IMAGE
@@ -103,12 +104,19 @@ BASE_IMAGE="triton-forge/debian-base:$(input_hash docker/debian-rootfs.sh "$SUIT
 PROMETHEUS_IMAGE="triton-forge/prometheus-cpu:$(input_hash docker/debian-rootfs.sh "$SUITE" "$PROM_PACKAGES" "$PROM_SETUP")"
 # The resolved locks, not only their inputs: a tag names the exact wheels inside.
 deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-cpu.lock)
-WHEELS_HASH="$(input_hash "$BASE_IMAGE" "${TORCH_INDEX_URL:-}" "${deps[@]}")"
+builder_deps=(docker/requirements-builder-cpu.lock)
+WHEELS_HASH="$(input_hash "$BASE_IMAGE" "${TORCH_INDEX_URL:-}" "${deps[@]}" "${builder_deps[@]}")"
 SERVE_HASH="$(input_hash "$BASE_IMAGE" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
   docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
   docker/healthcheck_probes.json docker/verify_repository.py "${deps[@]}" tools)"
 TRITON_CPU_IMAGE="triton-forge/triton-cpu:$SERVE_HASH"
-BUILDER_CPU_IMAGE="triton-forge/builder-cpu:$(input_hash "$SERVE_HASH" backends loadtests README.md repository.yaml)"
+BUILDER_CPU_IMAGE="triton-forge/builder-cpu:$(input_hash "$SERVE_HASH" "${builder_deps[@]}" backends loadtests \
+  README.md repository.yaml)"
+if [ "${1:-}" = --print-tags ]; then  # the tags these inputs give; nothing is built
+  printf 'TRITON_CPU_IMAGE=%s\nBUILDER_CPU_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' \
+    "$TRITON_CPU_IMAGE" "$BUILDER_CPU_IMAGE" "$PROMETHEUS_IMAGE"
+  exit 0
+fi
 
 tf_image_exists "$BASE_IMAGE" || timed "$BASE_IMAGE" rootfs_image "$BASE_IMAGE" "$BASE_PACKAGES" "$BASE_SETUP"
 tf_image_exists "$PROMETHEUS_IMAGE" || timed "$PROMETHEUS_IMAGE" rootfs_image "$PROMETHEUS_IMAGE" \

@@ -202,6 +202,25 @@ def test_rebuild_with_nothing_changed_skips_every_model(built):
     assert tree_digest(output) == before
 
 
+def test_the_manifest_does_not_depend_on_where_the_spec_lies(built, tmp_path):
+    """The same spec from another checkout (the compose builder's /opt/triton-forge, a CI
+    runner) rebuilds nothing and leaves the manifest byte for byte, so the artifact's tag (the
+    manifest's hash) is the same wherever it was built."""
+    from tools.build_repo.pipeline import build_repository
+
+    spec, output, _ = built
+    before = tree_digest(output)
+    elsewhere = tmp_path / "another" / "checkout" / spec.name
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_bytes(spec.read_bytes())
+
+    again = build_repository(elsewhere, output, progress=False)
+
+    assert [m.status for m in again.models] == ["skipped"] * 3
+    assert json.loads((output / "build_manifest.json").read_text())["spec"] == spec.name
+    assert tree_digest(output) == before
+
+
 def test_changing_one_models_spec_rebuilds_only_that_model(tmp_path):
     from tools.build_repo.pipeline import build_repository
 

@@ -44,13 +44,30 @@ def test_only_failures_of_affected_models_overlapping_the_kill_window_are_excuse
         ("text", "bad", [Record(30.0, 10_000.0, False, "client timeout")]),  # in the warm-up
     ]
 
-    outside, excused, examples, kinds = chaos.count_lost(lanes, [kill], CONFIGS, counted_from_s=40.0,
-                                                  timeout_s=10.0, end_s_=200.0)
+    lost = chaos.count_lost(lanes, [kill], CONFIGS, counted_from_s=40.0, timeout_s=10.0,
+                            end_s_=200.0)
 
-    assert (outside, excused) == (2, 2)  # pipe at 111.5 (after the window) and text at 100.5
-    assert any(e.startswith("pipe (valid) at +71.5 s") for e in examples)
-    assert kinds == {"pipe (valid): HTTP N stub not healthy": 1,
-                     "text (valid): HTTP N stub not healthy": 1}
+    assert (lost.outside, lost.excused) == (2, 2)  # pipe at 111.5 (after the window), text at 100.5
+    assert lost.overload == 0  # errors, not timeouts
+    assert any(e.startswith("pipe (valid) at +71.5 s") for e in lost.examples)
+    assert lost.kinds == {"pipe (valid): HTTP N stub not healthy": 1,
+                          "text (valid): HTTP N stub not healthy": 1}
+
+
+def test_timeouts_under_load_are_counted_apart_from_errors():
+    lanes = [("text", "valid", [Record(50.0, 10_000.0, False, "client timeout"),
+                                Record(51.0, 900.0, False, "HTTP 503 Request timeout expired"),
+                                Record(52.0, 3.0, False, "HTTP 500 stub not healthy"),
+                                Record(53.0, 1.0, False, "ConnectionError: connection closed")])]
+
+    lost = chaos.count_lost(lanes, [], CONFIGS, counted_from_s=40.0, timeout_s=10.0, end_s_=99.0)
+    found = chaos.misses(chaos.Figures(minutes=1, capacity_rps=0, rate_rps=1,
+                                       lost_outside_windows=lost.outside,
+                                       lost_to_overload=lost.overload, kills_planned=False,
+                                       lost_examples=lost.examples, rss_mb={"growth": 1.0}))
+
+    assert (lost.outside, lost.overload) == (4, 2)
+    assert found == [found[0]] and "(target 0: 2 to timeouts under load, 2 to errors)" in found[0]
 
 
 def test_a_lane_reuses_each_connection_well_within_the_guards_idle_timeout():
@@ -114,9 +131,10 @@ def test_a_one_minute_chaos_soak_with_one_kill_loses_nothing_outside_the_kill_wi
     assert figures["kills"][0]["ready_s"] < 10
     assert figures["restarts"] == {"toy_double": 1.0}
     assert figures["lost_outside_windows"] == 0
-    # the pipeline (toy_double's ensemble) and the other models, valid and bad requests alike
+    # the pipeline (toy_double's ensemble) and the other models, valid and bad requests alike,
+    # the valid ones over HTTP and (--grpc-share, default a quarter) gRPC
     assert {k for k, n in figures["requests"].items() if n > 0} == {
         f"{m} {kind}" for m in ("toy_classify", "toy_pipeline", "toy_text")
-        for kind in ("valid", "bad")}
+        for kind in ("valid", "bad", "valid grpc")}
     assert all("none" not in answers for answers in figures["bad_answers"].values())
     assert figures["rss_mb"]["growth"] < chaos.RSS_TARGET_MB

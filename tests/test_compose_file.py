@@ -199,8 +199,10 @@ def test_triton_image_is_pinned_once_by_digest_to_25_07_or_later(compose):
 
     assert match, f"{image} is not nvcr.io/nvidia/tritonserver:YY.MM-py3@sha256:<digest>"
     assert (int(match.group(1)), int(match.group(2))) >= MIN_RELEASE
-    text = COMPOSE.read_text() + DOCKERFILE.read_text()
-    assert len(re.findall(r"tritonserver:\d", text)) == 1, "the tag is pinned in one place only"
+    # The Dockerfile's default names the same digest (tests/test_deploy_locks.py); no other tag.
+    assert len(re.findall(r"tritonserver:\d", COMPOSE.read_text())) == 1
+    tag = image.split("@")[0].split("/")[-1]
+    assert re.findall(r"tritonserver:[\w.-]+", DOCKERFILE.read_text()) == [tag]
 
 
 def test_builder_and_triton_are_built_from_the_same_pinned_image(compose):
@@ -212,8 +214,8 @@ def test_builder_and_triton_are_built_from_the_same_pinned_image(compose):
     assert builder["dockerfile"] == triton["dockerfile"] == "docker/triton.Dockerfile"
     assert (builder["target"], triton["target"]) == ("builder", "serve")
     dockerfile = DOCKERFILE.read_text()
-    # No default tag in the Dockerfile: the compose file's anchor is the only pin.
-    assert re.search(r"^ARG TRITON_IMAGE$", dockerfile, re.MULTILINE)
+    # The Dockerfile's default is the compose file's pin by digest (tests/test_deploy_locks.py).
+    assert re.search(r"^ARG TRITON_IMAGE=nvcr\.io/nvidia/tritonserver@sha256:", dockerfile, re.MULTILINE)
     assert re.search(r"^FROM \$\{TRITON_IMAGE\} AS serve$", dockerfile, re.MULTILINE)
     assert re.search(r"^FROM serve AS builder$", dockerfile, re.MULTILINE)
 
@@ -539,45 +541,4 @@ def test_the_entrypoint_passes_the_supervisors_retry_backoff_from_the_environmen
     assert float(env["TRITON_RETRY_BACKOFF"]) < float(env["TRITON_RETRY_BACKOFF_MAX"])
 
 
-# ------------------------------------------------------------------ locked dependencies (item 6)
-
-LOCKS = {"serve": ROOT / "docker" / "requirements-serve.lock", "cpu": ROOT / "docker" / "requirements-cpu.lock"}
-
-
-def _locked(path: Path) -> dict[str, list[str]]:
-    """Package -> its hashes, from a pip-compile --generate-hashes file."""
-    packages: dict[str, list[str]] = {}
-    current = None
-    for line in path.read_text().splitlines():
-        pin = re.match(r"^([A-Za-z0-9_.\-]+)==([^ ]+)", line)
-        if pin:
-            current = pin.group(1).lower().replace("_", "-")
-            packages[current] = []
-        elif current and "--hash=sha256:" in line:
-            packages[current].append(line.split("sha256:")[1].split()[0])
-    return packages
-
-
-@pytest.mark.parametrize("lock", sorted(LOCKS))
-def test_every_locked_requirement_is_pinned_with_hashes_and_names_no_local_index(lock):
-    text = LOCKS[lock].read_text()
-    packages = _locked(LOCKS[lock])
-    assert packages and all(len(h) >= 1 and all(re.fullmatch(r"[0-9a-f]{64}", x) for x in h)
-                            for h in packages.values()), "every pin carries sha256 hashes"
-    assert not re.search(r"^--(extra-)?index-url|^--find-links|file://|/opt/", text, re.M)
-    requested = [re.split(r"[<>=\[ ;]", r.strip())[0].lower() for r in
-                 (ROOT / "docker" / "requirements-serve.txt").read_text().splitlines()
-                 if r.strip() and not r.startswith("#")]
-    assert set(requested) <= set(packages), set(requested) - set(packages)
-    assert packages.get("numpy") and "numpy==1." in text  # nvidia-pytriton needs numpy<2
-
-
-def test_the_images_install_only_the_locked_files():
-    gpu = DOCKERFILE.read_text()
-    cpu = (ROOT / "docker" / "triton-cpu.Dockerfile").read_text()
-    assert "pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock" in gpu
-    assert "pip install --quiet --require-hashes --no-deps -r /tmp/requirements-cpu.lock" in cpu
-    assert "nvidia-pytriton" in _locked(LOCKS["cpu"])
-    assert "requirements-serve.txt" not in gpu and "requirements-serve.txt" not in cpu
-    images = (ROOT / "scripts" / "compose-images.sh").read_text()
-    assert "docker/requirements-cpu.lock" in images.split("deps=(")[1].split(")")[0]  # tags from the lock
+# Locked dependencies (item 6): tests/test_deploy_locks.py

@@ -89,18 +89,22 @@ def test_the_init_containers_command_exits_1_with_the_reason(tmp_path):
 
 
 class Engine:
-    """Records engine commands; answers inspect/build/push like podman would."""
+    """Records engine commands; answers inspect/build/push like podman would.
 
-    def __init__(self, has_image: bool = False) -> None:
+    ``labels``: the labels of an image already there under the tag (None: no such image).
+    """
+
+    def __init__(self, labels: dict[str, str] | None = None) -> None:
         self.commands: list[list[str]] = []
-        self.has_image = has_image
+        self.labels = labels
         self.contexts: list[dict[str, str]] = []
 
     def __call__(self, command, timeout=None):
         self.commands.append(command)
         out, code = "", 0
-        if command[1:3] == ["image", "inspect"] and "--format" not in command:
-            code = 0 if self.has_image else 1
+        if command[1:3] == ["image", "inspect"] and "{{json .Config.Labels}}" in command:
+            code = 1 if self.labels is None else 0
+            out = json.dumps(self.labels) + "\n"
         elif command[1] == "build":
             context = Path(command[-1])
             self.contexts.append({str(p.relative_to(context)): p.read_text()
@@ -139,11 +143,36 @@ def test_package_stages_exactly_the_manifest_files_and_tags_by_the_manifest_hash
 
 def test_package_reuses_an_image_with_the_same_tag_and_push_records_the_registrys_digest(tmp_path):
     repo = make_repository(tmp_path)
-    engine = Engine(has_image=True)
+    engine = Engine(labels={artifact.PACKAGING_LABEL: artifact.packaging_key("copier:1")})
     record = package(repo, "registry.example/tf/models", "copier:1", engine="podman", push=True,
                      run=engine)
     assert record.reused and record.pushed and record.digest == "sha256:" + "d" * 64
     assert not any(c[1] == "build" for c in engine.commands)
+
+
+@pytest.mark.parametrize("labels", [
+    {},  # packaged before the label existed
+    {artifact.PACKAGING_LABEL: artifact.packaging_key("copier:1", code=b"older packaging code")},
+    {artifact.PACKAGING_LABEL: artifact.packaging_key("copier:0")},  # another copier image
+], ids=["no-label", "other-code", "other-copier"])
+def test_an_image_with_the_tag_but_packaged_otherwise_is_rebuilt_not_reused(tmp_path, labels):
+    repo = make_repository(tmp_path)
+    engine = Engine(labels=labels)
+    record = package(repo, "registry.example/tf/models", "copier:1", engine="podman", run=engine)
+    assert not record.reused
+    (context,) = engine.contexts
+    key = artifact.packaging_key("copier:1")
+    assert f'LABEL {artifact.PACKAGING_LABEL}="{key}"' in context["Containerfile"]
+    assert labels.get(artifact.PACKAGING_LABEL) != key
+
+
+def test_the_packaging_key_follows_the_packaging_code_and_the_copier():
+    source = Path(artifact.__file__).read_bytes()
+    key = artifact.packaging_key("copier:1")
+    assert key == artifact.packaging_key("copier:1", code=source)  # this module's code by default
+    assert key != artifact.packaging_key("copier:1", code=source + b"\n# layout 2\n")
+    assert key != artifact.packaging_key("copier:2")
+    assert len(key) == artifact.TAG_HEX
 
 
 def test_package_refuses_a_repository_that_does_not_match_its_manifest(tmp_path):

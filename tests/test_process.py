@@ -56,6 +56,33 @@ def test_start_runs_the_command_in_its_own_group_with_its_environment_and_log(tm
     assert log.read_text().split() == ["hello", "True", "err"]
 
 
+def test_start_moves_an_earlier_run_s_log_aside_instead_of_truncating_it(tmp_path, started):
+    log = tmp_path / "server.log"
+    for run in range(1, 4):
+        proc = process.start(_python(f"print('run {run}: Signal (11) received.')"), log_path=log)
+        started.append(proc)
+        assert proc.wait(timeout=20) == 0
+
+    assert log.read_text() == "run 3: Signal (11) received.\n"
+    assert process.previous_log(log).read_text() == "run 2: Signal (11) received.\n"
+    assert process.previous_log(log, 2).read_text() == "run 1: Signal (11) received.\n"
+
+
+def test_rotate_log_keeps_a_bounded_number_of_runs_and_skips_an_empty_log(tmp_path):
+    log = tmp_path / "server.log"
+    assert process.rotate_log(log) is None  # nothing there yet
+    log.touch()
+    assert process.rotate_log(log) is None and log.exists()  # nothing worth keeping
+    for run in range(5):
+        log.write_text(f"run {run}\n")
+        assert process.rotate_log(log, keep=3) == process.previous_log(log)
+
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["server.log.1", "server.log.2", "server.log.3"]
+    assert [process.previous_log(log, g).read_text() for g in (1, 2, 3)] == [
+        "run 4\n", "run 3\n", "run 2\n"]
+
+
 def test_wait_ready_reports_ready_as_soon_as_the_callable_says_so(tmp_path, started):
     flag = tmp_path / "ready"
     proc = process.start(_python(f"""

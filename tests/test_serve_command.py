@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -346,6 +347,27 @@ def test_serve_restarts_tritonserver_when_it_exits_by_itself_on_the_same_ports(
     np.testing.assert_array_equal(through_guard, np.full((1, 1), 2, np.float32))
     assert again["http"] == serve.endpoints["http"]
     assert code == 0
+
+
+def test_a_crash_of_tritonserver_stays_readable_after_the_restart(serve_process, toy_repository):
+    """A whole-server restart moves the crashed run's log aside (never truncates it) and quotes
+    its end on the restart line: here Triton's own SIGSEGV report."""
+    serve = serve_process("--repository", str(toy_repository), *FREE_PORTS, "--exit-timeout", "2")
+    log = Path(serve.endpoints["log"])
+
+    os.kill(int(serve.endpoints["pid"]), signal.SIGSEGV)  # as the crash of the chaos soak
+    again = serve.wait_for_endpoints(timeout_s=60)
+    serve.proc.send_signal(signal.SIGTERM)
+    serve.proc.wait(timeout=60)
+
+    restart = next(line for line in serve.stderr if "restarting the server" in line)
+    kept = process.previous_log(log)
+    assert "exit code -11" in restart
+    assert f"the log of the run that ended is kept as {kept}" in restart
+    assert "Signal (11) received." in restart.split("it ends: ", 1)[1]
+    assert "Signal (11) received." in kept.read_text()
+    assert "Signal (11)" not in log.read_text()  # the log of the run after the restart
+    assert again["log"] == str(log)
 
 
 def _processes_mentioning(text: str) -> list[int]:

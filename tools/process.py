@@ -20,6 +20,7 @@ STUB_NAME = "triton_python_backend_stub"  # the Python backend's per-instance ex
 SHM_PREFIX = "triton_python_backend_shm_region_"
 SHM_DIR = Path("/dev/shm")
 KILL_WAIT_S = 5.0  # how long SIGKILLed processes get to disappear
+LOG_GENERATIONS = 5  # earlier runs' logs kept beside a log that is started anew
 
 
 class Readiness(enum.Enum):
@@ -44,7 +45,10 @@ def start(
     Args:
         command: The argv.
         env: The child's whole environment; defaults to this process's.
-        log_path: File (created, parents too) that takes the child's stdout and stderr.
+        log_path: File (created, parents too) that takes the child's stdout and stderr. A
+            log that already holds output is never truncated: it is moved aside first
+            (``rotate_log``), so the end of a previous run (e.g. why a server crashed) stays
+            readable in ``previous_log(log_path)``.
         append: Add to ``log_path`` rather than start it anew (a helper sharing a server's log).
         new_session: False keeps the child in this process's group (a supervisor that must
             pass signals through); ``stop`` then signals the child and its descendants only.
@@ -61,10 +65,37 @@ def start(
     if log_path is None:
         return subprocess.Popen(list(command), **kwargs, **popen)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab" if append else "wb") as log:
+    if not append:
+        rotate_log(log_path)
+    with open(log_path, "ab") as log:
         return subprocess.Popen(
             list(command), stdout=log, stderr=subprocess.STDOUT, **kwargs, **popen
         )
+
+
+def previous_log(log_path: Path, generation: int = 1) -> Path:
+    """Where ``rotate_log`` keeps the log of the run ``generation`` runs before the current one
+    (``server.log`` -> ``server.log.1``, ``server.log.2``, ...)."""
+    return log_path.with_name(f"{log_path.name}.{generation}")
+
+
+def rotate_log(log_path: Path, keep: int = LOG_GENERATIONS) -> Path | None:
+    """Move a log that holds output aside (``previous_log``), shifting older ones by one and
+    dropping what is beyond ``keep``; returns where it went, or None when there was nothing to
+    keep (no file, or an empty one)."""
+    try:
+        if log_path.stat().st_size == 0:
+            return None
+    except FileNotFoundError:
+        return None
+    previous_log(log_path, keep).unlink(missing_ok=True)
+    for generation in range(keep - 1, 0, -1):
+        older = previous_log(log_path, generation)
+        if older.exists():
+            older.replace(previous_log(log_path, generation + 1))
+    kept = previous_log(log_path)
+    log_path.replace(kept)
+    return kept
 
 
 def wait_ready(

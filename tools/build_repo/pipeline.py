@@ -113,7 +113,9 @@ class _Build:
         self.spec, self.target, self.output, self.texts = spec, target, output, texts
         self.force, self.reporter = force, reporter
         self.manifest: Manifest = load_manifest(output)
-        self.manifest.spec, self.manifest.target = str(spec.path), target
+        # The spec's file name, not its path: the manifest (whose hash tags the artifact) must
+        # be the same from any checkout, the compose builder's /opt/triton-forge included.
+        self.manifest.spec, self.manifest.target = Path(spec.path).name, target
         self.staging: Staging | None = None
 
     def run(self, selected: list[str], started: float) -> BuildResult:

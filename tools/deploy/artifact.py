@@ -4,13 +4,17 @@
 runs here) an image ``FROM scratch`` holding only ``/repository`` (the models and
 ``build_manifest.json``) and one static ``busybox`` for the init container that copies it into
 the pod. The tag is the target and the manifest's sha256 (``cpu-<24 hex>``); the image is
-referenced by its digest. The record (``ArtifactRecord``, JSON beside the repository) is what
+referenced by its digest. The label ``org.triton-forge.packaging`` holds the hash of how it was
+packaged (this module's code and the copier image named): an image with the tag is reused only
+when that label matches, so a change to the packaging rebuilds it even for the same manifest.
+The record (``ArtifactRecord``, JSON beside the repository) is what
 ``tools deploy k8s --artifact`` reads: the reference, the manifest hash the pod's verifier
 expects, and each model's weight bytes for sizing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,6 +35,7 @@ TAG_HEX = 24  # of the manifest's sha256 in the tag; the whole hash is a label a
 ARTIFACT_ROOT = "/repository"  # where the image holds the repository
 BUSYBOX = "/bin/busybox"  # the copier's one binary (Debian's busybox-static in the serving images)
 LABEL_PREFIX = "org.triton-forge"
+PACKAGING_LABEL = f"{LABEL_PREFIX}.packaging"
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 ENGINE_TIMEOUT_S = 1800
 
@@ -115,6 +120,26 @@ class ArtifactRecord:
 def artifact_tag(target: str, manifest_sha256: str) -> str:
     """The image tag of a repository: its target and its manifest's hash."""
     return f"{target}-{manifest_sha256[:TAG_HEX]}"
+
+
+def packaging_key(copier_image: str, code: bytes | None = None) -> str:
+    """What shapes the image besides the repository, hashed: the packaging code (``code``,
+    default this module's source: layout, staging, Containerfile) and the copier image named."""
+    digest = hashlib.sha256(Path(__file__).read_bytes() if code is None else code)
+    digest.update(b"\0" + copier_image.encode())
+    return digest.hexdigest()[:TAG_HEX]
+
+
+def _image_labels(run: Runner, engine: str, reference: str) -> dict[str, str] | None:
+    """The labels of a local image; None when there is no image by that reference."""
+    result = run([engine, "image", "inspect", "--format", "{{json .Config.Labels}}", reference])
+    if result.returncode != 0:
+        return None
+    try:
+        labels = json.loads(result.stdout.strip() or "null")
+    except ValueError:
+        return {}
+    return labels if isinstance(labels, dict) else {}
 
 
 def weights_bytes(manifest: Manifest) -> dict[str, int]:
@@ -245,12 +270,14 @@ def package(
     labels = {
         f"{LABEL_PREFIX}.manifest.sha256": verified.manifest_sha256,
         f"{LABEL_PREFIX}.target": manifest.target,
-        f"{LABEL_PREFIX}.spec.sha256": manifest.spec,
+        PACKAGING_LABEL: packaging_key(copier_image),
         "org.opencontainers.image.title": "triton-forge model repository",
     }
     reference = f"{image}:{tag}"
-    exists = run([engine, "image", "inspect", reference]).returncode == 0
-    # The tag is the manifest's hash: an image that has it holds this very repository.
+    # The tag is the manifest's hash: an image that has it holds this very repository; it is
+    # reused only when it was packaged the same way too (else rebuilt, and the tag moves).
+    found = _image_labels(run, engine, reference)
+    exists = found is not None and found.get(PACKAGING_LABEL) == labels[PACKAGING_LABEL]
     with tempfile.TemporaryDirectory(prefix="tf-artifact-") as tmp:
         context = Path(tmp)
         if not exists:

@@ -20,11 +20,13 @@ from tools.serve.recovery import DEFAULT_METRICS_PORT, Backoff, ModelRecovery, R
 from tools.serve.recovery import StatusEndpoint
 from tools.serve.http_guard import GuardLimits
 from tools.serve.server import STOP_GRACE_S, EmbeddedServer, resolve_binary
+from tools.serve.server_log import log_tail
 from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, LOOPBACK, OPEN_ADMIN_ENV, binary_options
 
 _WATCH_INTERVAL_S = 1.0
 _PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
 _PROBE_FAILURES = 3
+_ENDED_LOG_LINES = 12  # of the log of a run that ended, quoted when the server is restarted
 
 
 class _StopRequested(SystemExit):
@@ -201,7 +203,11 @@ def _serve_until_signal(
                 f"{reason}, and all {max_restarts} restarts are used up "
                 f"(server log: {server.log_path})"
             )
-        click.echo(f"{reason}: restarting the server ({restart + 1}/{max_restarts})", err=True)
+        # the next start moves this run's log aside (process.rotate_log): say where, and how
+        # it ended, e.g. Triton's "Signal (11) received." and the frames after it
+        click.echo(f"{reason}: restarting the server ({restart + 1}/{max_restarts}); the log of "
+                   f"the run that ended is kept as {process.previous_log(server.log_path)}, it "
+                   f"ends: {log_tail(server.log_path, _ENDED_LOG_LINES)}", err=True)
         server.stop()
         _start(server, start_timeout, probes)
 
