@@ -503,6 +503,7 @@ def test_prometheus_writes_only_its_tsdb_volume(compose):
     assert "--storage.tsdb.path=/prometheus" in prometheus["command"]
 
 
+@pytest.mark.torch  # the weights references resolve through the model packages, which import torch
 def test_limits_are_the_kubernetes_sizing_of_the_same_spec():
     from tools.build_repo.spec import load_spec
     from tools.deploy.sizing import size_pod
