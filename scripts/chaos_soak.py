@@ -48,7 +48,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loadtests.scenarios import load_images, load_texts  # noqa: E402
+from tools.load.scenario import load_images, load_texts  # noqa: E402
 from tools import process  # noqa: E402
 from tools.serve import faults, health  # noqa: E402
 from tools.serve.recovery import instance_model  # noqa: E402

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loadtests.scenarios import load_texts  # noqa: E402
+from tools.load.scenario import load_texts  # noqa: E402
 from tools import load  # noqa: E402
 from tools.load.meters import sample  # noqa: E402
 from tools.serve import faults  # noqa: E402

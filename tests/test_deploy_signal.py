@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from loadtests.scenarios import load_texts
+from tools.load.scenario import load_texts
 from tools.deploy import promql
 from tools.deploy.render import render_k8s
 from tools.net import free_ports

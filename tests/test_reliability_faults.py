@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.scenarios import load_texts
+from tools.load.scenario import load_texts
 from tools import process
 from tools.serve import faults
 from tools.stats import Window, latency_summary, summarize

@@ -27,7 +27,7 @@ from tools.cli import cli
 from tools.errors import ServerError
 from tools.serve import health
 from tools.serve.faults import HttpLoad
-from tools.serve.server import free_ports
+from tools.net import free_ports
 from tools.serve.recovery import (
     Backoff,
     ModelRecovery,

@@ -118,7 +118,7 @@ class Pod:
     def play(self, timeout: float = 900) -> float:
         """``podman kube play`` (which returns once the init containers finished and the
         containers started); returns its seconds. Raises ``RuntimeError`` with podman's output."""
-        from tools.serve.server import free_ports
+        from tools.net import free_ports
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         if "CONTAINERS_CONF" not in self.env:

@@ -289,13 +289,14 @@ def _vocabulary(spec: Any, leaf: Any) -> tuple[int, str]:
 # --------------------------------------------------------------------------- payload sources
 
 
-def load_texts(path: Path) -> list[str]:
-    """Texts one per line (UTF-8), empty lines skipped."""
+def load_texts(path: Path = paths.TEXTS_FILE) -> list[str]:
+    """Texts one per line (UTF-8; default: the shipped ones), empty lines skipped."""
     return [line for line in _read_lines(path) if line.strip()]
 
 
-def load_images(directory: Path) -> list[tuple[str, bytes]]:
-    """The images of a folder as (file name, encoded bytes), sorted by name."""
+def load_images(directory: Path = IMAGES_DIR) -> list[tuple[str, bytes]]:
+    """The images of a folder (default: the shipped photos) as (file name, encoded bytes),
+    sorted by name."""
     return [(p.name, p.read_bytes()) for p in sorted(directory.iterdir())
             if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
 
