@@ -36,7 +36,7 @@ from tools.net import free_ports
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## From your model to a P99-gated deployment"
 TOLERANCE = 1e-4
-TUNE_MINUTES = "0.5"  # one trial (the start) within the budget: the shortest run that finds a winner
+TUNE_MINUTES = "1"  # the least `tools tune` takes for one trial at its default ladder (it says 0.9)
 STEP_TIMEOUT_S = {"build-repo": 900, "loadtest": 600, "tune": 600}
 DEFAULT_STEP_TIMEOUT_S = 300
 PAIRS = [("How do I bake bread?", "Mix flour, water and yeast, let it rise, then bake it."),
