@@ -97,17 +97,37 @@ def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
     return result
 
 
+class _Engine:
+    """Records engine commands like ``tests.test_deploy_artifact.Engine``, keeping the staged
+    build context's file sizes (the weights are binary), and answers as podman would."""
+
+    def __init__(self) -> None:
+        self.staged: dict[str, int] = {}
+
+    def __call__(self, command: list[str], timeout: float | None = None):
+        from tests.test_deploy_artifact import Engine
+
+        if command[1] == "build":
+            context = Path(command[-1])
+            self.staged = {str(p.relative_to(context)): p.stat().st_size
+                           for p in context.rglob("*") if p.is_file()}
+            return subprocess.CompletedProcess(command, 0, "", "")
+        return Engine()(command, timeout)
+
+
 def _package_with_a_recording_engine(command: str, cwd: Path) -> None:
-    """``tools deploy package`` in-process: the real verification of the built repository and the
-    real record, with the container engine recorded (``tests.test_deploy_artifact.Engine``)."""
-    from tests.test_deploy_artifact import Engine
+    """``tools deploy package`` in-process: the real verification of the built repository, the
+    real staging and record, the container engine recorded."""
     from tools.deploy.artifact import default_record_path, package
 
     words = shlex.split(os.path.expandvars(command))
     option = {w: words[i + 1] for i, w in enumerate(words) if w.startswith("--") and i + 1 < len(words)}
     repository = cwd / option["--repository"]
+    engine = _Engine()
     record = package(repository, option["--name"], option["--copier-image"], engine="podman",
-                     push="--push" in words, run=Engine())
+                     push="--push" in words, run=engine)
+    assert engine.staged["repository/minilm_onnx/1/model.onnx"] > 80_000_000  # the user's file
+    assert any(k.startswith("repository/clf3_classifier/1/") for k in engine.staged)
     default_record_path(repository).write_text(record.to_text(), encoding="utf-8")
 
 
@@ -177,9 +197,9 @@ def _check_manifests(project: Path) -> None:
         if doc["kind"] in CRD_KINDS:
             _validator(schemas[(doc["apiVersion"], doc["kind"])]).validate(doc)
     record = ArtifactRecord.read(project / "model_repository.artifact.json")
-    assert record.reference in (project / "k8s" / "manifests").joinpath(
-        next(p.name for p in (project / "k8s" / "manifests").glob("*.yaml")
-             if "kind: Deployment" in p.read_text())).read_text()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    images = [c["image"] for c in deployment["spec"]["template"]["spec"]["initContainers"]]
+    assert record.reference in images and record.reference.startswith("registry.example/"), images
     assert record.weights_bytes["cls_embedder_encoder"] > 80_000_000  # MiniLM's real weights
 
 
