@@ -115,12 +115,19 @@ class _Engine:
         return Engine()(command, timeout)
 
 
-def _package_with_a_recording_engine(command: str, cwd: Path) -> None:
+def _words(command: str, cwd: Path, env: dict[str, str]) -> list[str]:
+    """``command``'s words as bash expands them (quotes, ``$VAR``)."""
+    printed = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    return printed.split("\0")[:-1]
+
+
+def _package_with_a_recording_engine(command: str, cwd: Path, env: dict[str, str]) -> None:
     """``tools deploy package`` in-process: the real verification of the built repository, the
     real staging and record, the container engine recorded."""
     from tools.deploy.artifact import default_record_path, package
 
-    words = shlex.split(os.path.expandvars(command))
+    words = _words(command, cwd, env)
     option = {w: words[i + 1] for i, w in enumerate(words) if w.startswith("--") and i + 1 < len(words)}
     repository = cwd / option["--repository"]
     engine = _Engine()
@@ -226,10 +233,10 @@ def test_your_models_go_the_whole_path_as_the_readme_says(tmp_path):
         for command in readme_commands():
             step, began = _subcommand(command), time.monotonic()
             if command.startswith("cd "):
-                cwd = (cwd / os.path.expandvars(shlex.split(command)[1])).resolve()
+                cwd = (cwd / _words(command, cwd, env)[1]).resolve()
                 continue
             if step == "tools deploy package":
-                _package_with_a_recording_engine(command, cwd)
+                _package_with_a_recording_engine(command, cwd, env)
             else:
                 result = _run(command, cwd, env)
             if "--background" in command:
