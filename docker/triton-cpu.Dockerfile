@@ -50,7 +50,7 @@ COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/man
      /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/
-COPY tools/serve/probes.py tools/serve/grpc_guard.py /opt/triton-forge/tools/serve/
+COPY tools/serve/probes.py tools/serve/grpc_guard.py tools/serve/admission.py /opt/triton-forge/tools/serve/
 COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
      docker/healthcheck_probes.json docker/verify_repository.py \

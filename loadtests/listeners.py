@@ -23,7 +23,7 @@ from loadtests.users import close_grpc_clients
 from tools import stats
 from tools.errors import UserInputError
 from tools.loadtest import gate, triton_stats
-from tools.loadtest.slo import DEFAULT_SLO_FILE, scenario_slo
+from tools.slo import DEFAULT_SLO_FILE, scenario_slo
 
 logger = logging.getLogger("loadtests")
 EXIT_PASS, EXIT_SLO_MISSED, EXIT_GATE_ERROR = 0, 1, 2

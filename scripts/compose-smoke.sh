@@ -149,7 +149,7 @@ up() {
   mkdir -p build/model_repositories loadtests/results
   if [ "${SKIP_BUILD_REPO:-0}" != 1 ]; then
     tf_log "builder: tools build-repo --target $TARGET into $REPOSITORY"
-    TF_ENGINE_TIMEOUT="$BUILD_REPO_TIMEOUT" tf_compose run --rm --no-deps builder >&2 \
+    TF_ENGINE_TIMEOUT="$BUILD_REPO_TIMEOUT" tf_compose run -T --rm --no-deps builder >&2 \
       || tf_die "the builder failed (tools build-repo); its output is above"
   fi
   check_repository
@@ -257,10 +257,10 @@ for p in filter(str.isdigit, os.listdir('/proc')):
 load_gate() {
   # The loadtest service of docker-compose.yml, gated on the cpu profile of loadtests/slo.yaml.
   local cmd=(tools loadtest --url triton:8000 --grpc-url triton:8001 --slo-profile cpu
-    --report-dir /results)
+    --output /results)
   [ -z "${LOAD_DURATION:-}" ] || cmd+=(--duration "$LOAD_DURATION")
   tf_log "SLO gate: compose run loadtest ${cmd[*]:1}"
-  TF_ENGINE_TIMEOUT="$LOAD_TIMEOUT" tf_compose --profile load run --rm --no-deps loadtest "${cmd[@]}" >&2 \
+  TF_ENGINE_TIMEOUT="$LOAD_TIMEOUT" tf_compose --profile load run -T --rm --no-deps loadtest "${cmd[@]}" >&2 \
     || tf_die "the SLO gate failed (loadtests/results has the report)"
   tf_log "SLO gate passed ($(elapsed))"
 }

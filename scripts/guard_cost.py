@@ -39,11 +39,11 @@ def _bench(args: argparse.Namespace, http: str, grpc: str, pipeline: str, protoc
            out: Path) -> dict:
     """One `tools bench --url` point; its served figures."""
     command = [sys.executable, "-m", "tools.cli", "bench", "--repository", str(args.repository),
-               "--url", http, "--grpc-url", grpc, "--pipelines", pipeline,
+               "--url", http, "--grpc-url", grpc, "--scenario", pipeline,
                "--protocol", protocol, "--concurrency", str(args.concurrency),
                "--batch-sizes", "1", "--min-seconds", "0", "--no-half-load",
                "--duration", str(args.duration), "--warmup", str(args.warmup),
-               "--output", str(out)] + (["--texts", str(args.texts)] if args.texts else [])
+               "--output", str(out)] + (["--data", str(args.texts)] if args.texts else [])
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
                    stderr=open(out.with_suffix(".log"), "w"), timeout=600)
     served = json.loads((out / "bench.json").read_text())["served"][0]

@@ -7,11 +7,12 @@ Usage: python scripts/ov_int8_outlier_split.py [--repository model_repository] [
 A feed-forward block ``down(gelu(up(x) + b1)) + b2`` equals the sum of two blocks over disjoint
 sets of hidden units. After GELU, one or two units per MiniLM layer reach 14-25 while the rest
 stay below 7, and one int8 scale for the down-projection's input cannot hold both. This script
-measures each unit's largest activation on the calibration texts (the load-test texts that are
-not quality texts), moves the ``--channels`` largest per layer into a narrow branch
+measures each unit's largest activation on the calibration texts (the load-test texts that are not
+held-out quality texts), moves the ``--channels`` largest per layer into a narrow branch
 (``<MatMul>_outliers``, kept out of int8), quantizes everything else with NNCF as the build does
-(SmoothQuant strength ``--alpha``), and prints: quality on the calibration texts and on the
-held-out quality set (cosine to ONNX Runtime fp32, top-10 agreement), in-process throughput
+(SmoothQuant strength ``--alpha``), and prints: quality on the calibration texts and on the two
+parts of the quality set (cosine to ONNX Runtime fp32, top-10 agreement, the degenerate
+family's worst text), in-process throughput
 against the shipped ``model.int8.xml`` (interleaved passes), and what a first run of a new input
 shape costs each of them.
 """
@@ -215,7 +216,7 @@ def main() -> None:
     from nncf.common.logging.logger import set_log_level
     from pipeline_ops.onnx_session import OpenVinoSession
 
-    from tools.build_repo import onnx2ov_int8, quality
+    from tools.build_repo import onnx2ov_int8, quality, quality_sets
     from tools.build_repo.parity import onnxruntime_runner
     from tools.build_repo.spec import load_spec, resolve_file
 
@@ -230,19 +231,20 @@ def main() -> None:
     spec = load_spec(args.spec)
     model = spec.find(args.model)
     gate = model.cpu.quality
-    tokenizer = resolve_file(gate.tokenizer, spec.root, "")
-    held_texts = quality.read_texts(resolve_file(gate.texts, spec.root, ""))
-    in_quality_set = set(held_texts)
-    calibration_texts = [t for t in quality.read_texts(resolve_file(
-        model.cpu.calibration_texts, spec.root, "")) if t not in in_quality_set]
-    held = quality.tokenize(held_texts, tokenizer, gate.max_length)
-    calibration = quality.tokenize(calibration_texts, tokenizer, gate.max_length)
+    quality_set, tokenizer = quality.load_gate_set(gate, spec.root, "")
+    calibration = quality_sets.calibration_set(quality_sets.read_texts(resolve_file(
+        model.cpu.calibration_texts, spec.root, "")), quality_set, tokenizer, gate.max_length)
     folder = args.repository / args.model / "1"
     source, shipped = folder / "model.onnx", folder / "model.int8.xml"
     fp32 = onnxruntime_runner(str(source), 1)
-    references = {"calibration": (calibration, quality.embed(fp32, calibration)),
-                  "held-out": (held, quality.embed(fp32, held))}
-    feeds = list(onnx2ov_int8.calibration_batches(calibration))
+    parts = {"calibration": (list(calibration.encodings), None)}
+    for split in (quality_sets.TUNE, quality_sets.HELD_OUT):
+        chosen = [i for i, t in enumerate(quality_set.texts) if t.split == split]
+        degenerate = [k for k, i in enumerate(chosen) if quality_set.texts[i].form == "degenerate"]
+        parts[f"quality {split}"] = ([quality_set.encodings[i] for i in chosen], degenerate)
+    references = {name: (encodings, quality.embed(fp32, encodings), degenerate)
+                  for name, (encodings, degenerate) in parts.items()}
+    feeds = list(onnx2ov_int8.calibration_batches(calibration.encodings))
 
     scratch = Path(tempfile.mkdtemp(prefix="outlier-split-"))
     chosen = split_graph(source, scratch / "split.onnx",
@@ -260,24 +262,25 @@ def main() -> None:
     openvino.save_model(quantized, str(candidate), compress_to_fp16=False)
 
     variants = {"shipped": shipped, "split": candidate}
-    print("\n| variant | set | min cosine | mean cosine | below 0.99 | top-10 agreement |")
-    print("|---|---|---|---|---|---|")
+    print("\n| variant | set | min cosine | mean cosine | below 0.99 | top-10 agreement | "
+          "degenerate min |")
+    print("|---|---|---|---|---|---|---|")
     for name, path in variants.items():
         session = OpenVinoSession(path, 1, model.cpu.precision)
         runner = lambda feed, s=session: dict(zip(["embedding"], s.run(None, feed)))
-        for set_name, (encodings, reference) in references.items():
+        for set_name, (encodings, reference, degenerate) in references.items():
             got = quality.embed(runner, encodings)
-            cosine = (reference * got).sum(1) / (np.linalg.norm(reference, axis=1)
-                                                 * np.linalg.norm(got, axis=1))
+            cosine = quality.cosines(reference, got)
             agreement = quality.neighbour_agreement(reference, got, gate.neighbours)
+            worst = f"{cosine[degenerate].min():.4f}" if degenerate else "—"
             print(f"| {name} | {set_name} | {cosine.min():.4f} | {cosine.mean():.5f} | "
-                  f"{int((cosine < 0.99).sum())} | {agreement:.3f} |")
+                  f"{int((cosine < 0.99).sum())} | {agreement:.3f} | {worst} |")
 
     print("\nin-process texts/s, calibration texts in length-sorted batches, best of 3 "
           "interleaved passes:")
     for threads, batch in ((1, 8), (2, 32)):
         sessions = {n: OpenVinoSession(p, threads, model.cpu.precision) for n, p in variants.items()}
-        batches = list(onnx2ov_int8.calibration_batches(calibration, batch))
+        batches = list(onnx2ov_int8.calibration_batches(calibration.encodings, batch))
         best = dict.fromkeys(sessions, 0.0)
         for _ in range(3):
             for name, session in sessions.items():

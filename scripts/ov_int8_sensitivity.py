@@ -1,5 +1,5 @@
 """What each node kept out of OpenVINO int8 would cost if quantized: one at a time, on the
-calibration texts (never the held-out quality set).
+calibration texts (never a held-out quality text).
 
 Usage: python scripts/ov_int8_sensitivity.py [--spec repository.yaml] [--model minilm_encoder_int8]
 For each node the spec's ``cpu.quantize_exclude`` keeps out, quantizes the model as the build
@@ -20,10 +20,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    import numpy as np
     import openvino
 
-    from tools.build_repo import onnx2ov_int8, quality
+    from tools.build_repo import onnx2ov_int8, quality, quality_sets
     from tools.build_repo.onnx2int8 import excluded_nodes
     from tools.build_repo.parity import onnxruntime_runner, openvino_runner
     from tools.build_repo.spec import load_spec, resolve_file
@@ -37,10 +36,11 @@ def main() -> None:
     spec = load_spec(args.spec)
     model = spec.find(args.model)
     gate = model.cpu.quality
-    held_out = set(quality.read_texts(resolve_file(gate.texts, spec.root, "")))
-    texts = [t for t in quality.read_texts(resolve_file(model.cpu.calibration_texts, spec.root, ""))
-             if t not in held_out]
-    encodings = quality.tokenize(texts, resolve_file(gate.tokenizer, spec.root, ""), gate.max_length)
+    quality_set, tokenizer = quality.load_gate_set(gate, spec.root, "")
+    calibration = quality_sets.calibration_set(
+        quality_sets.read_texts(resolve_file(model.cpu.calibration_texts, spec.root, "")),
+        quality_set, tokenizer, gate.max_length)
+    texts, encodings = calibration.texts, calibration.encodings
     source = args.repository / args.model / "1" / "model.onnx"
     reference = quality.embed(onnxruntime_runner(str(source), spec.cpu_cores), encodings)
     nodes = onnx2ov_int8.quantizable_nodes(openvino.Core().read_model(str(source)))
@@ -52,11 +52,10 @@ def main() -> None:
         others = tuple(n for n in kept if n != node)
         variant = dataclasses.replace(model, cpu=dataclasses.replace(model.cpu, quantize_exclude=others))
         path = Path(tempfile.mkdtemp()) / "model.int8.xml"
-        onnx2ov_int8.quantize_openvino(source, path, variant, encodings)
+        onnx2ov_int8.quantize_openvino(source, path, variant, calibration, quality_set)
         runner, _ = openvino_runner(str(path), spec.cpu_cores, model.cpu.precision, spec.backends)
         candidate = quality.embed(runner, encodings)
-        cosine = (reference * candidate).sum(1) / (
-            np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1))
+        cosine = quality.cosines(reference, candidate)
         agreement = quality.neighbour_agreement(reference, candidate, gate.neighbours)
         print(f"| {node or '(none: as built)'} | {cosine.min():.4f} | {cosine.mean():.5f} | "
               f"{int((cosine < 0.99).sum())} | {agreement:.3f} |", flush=True)

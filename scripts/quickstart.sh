@@ -30,24 +30,24 @@ $TOOLS serve --background --pid-file "$PID_FILE" \
   --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT"
 
 step "4/5 real inferences over HTTP and gRPC"
+endpoints=(--url "127.0.0.1:$HTTP_PORT" --grpc-url "127.0.0.1:$GRPC_PORT")
 for protocol in http grpc; do
-  if [ "$protocol" = http ]; then url="127.0.0.1:$HTTP_PORT"; else url="127.0.0.1:$GRPC_PORT"; fi
-  $TOOLS infer text_embedding --protocol "$protocol" --url "$url" \
+  $TOOLS infer text_embedding --protocol "$protocol" "${endpoints[@]}" \
     --text "Triton serves this sentence as a 384-dimensional unit vector." \
     --text "Une phrase en français, pour changer."
-  $TOOLS infer image_classification --protocol "$protocol" --url "$url" \
+  $TOOLS infer image_classification --protocol "$protocol" "${endpoints[@]}" \
     --image "$CHELSEA" --image "$COFFEE"
 done
 # the same text through the OpenVINO variants: int8 (the fastest text pipeline here) and bf16
 for variant in text_embedding_int8 text_embedding_bf16; do
-  $TOOLS infer "$variant" --protocol grpc --url "127.0.0.1:$GRPC_PORT" \
+  $TOOLS infer "$variant" --protocol grpc --grpc-url "127.0.0.1:$GRPC_PORT" \
     --text "Triton serves this sentence as a 384-dimensional unit vector."
 done
 
 step "5/5 short load check (Locust, exact-P99 gate, CPU SLO profile)"
 gate=0
 $TOOLS loadtest --url "127.0.0.1:$HTTP_PORT" --grpc-url "127.0.0.1:$GRPC_PORT" \
-  --duration "$LOAD_SECONDS" --warmup 3 --report-dir .cache/quickstart/loadtest-report || gate=$?
+  --duration "$LOAD_SECONDS" --warmup 3 --output .cache/quickstart/loadtest-report || gate=$?
 
 if [ "$gate" -ne 0 ]; then
   step "done, but the load check missed a CPU SLO (lines 'SLO FAIL' above; a busy machine can do that)"

@@ -1,6 +1,8 @@
 """Shared fixtures: real tritonservers on free loopback ports, the built repository, GPU skips.
 
-A failing test that used a server gets the tail of that server's log in its report.
+A failing test that used a server gets the tail of that server's log in its report. Every test
+without a heavy marker or fixture is marked ``fast`` (tests/tier_helpers.py), and fails if it
+starts a real server, Locust or torch.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.serve.server import EmbeddedServer
+from tier_helpers import FAST, LIGHT_SUBPROCESS, TierGuard, is_fast, names_torch
+from tools.serve.server import EmbeddedServer, resolve_binary
+from waits import STARTED_FILE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOY_REPOSITORY = Path(__file__).parent / "fixtures" / "toy_repository"
@@ -56,9 +60,18 @@ def _servers_of(item: pytest.Item) -> list[EmbeddedServer]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """Record each phase's outcome on the item and attach server logs to a failure report."""
+    """Fail a fast test the tier guard caught, record each phase's outcome on the item and attach
+    server logs to a failure report."""
     outcome = yield
     report = outcome.get_result()
+    findings = item.stash.get(_FINDINGS, [])
+    if report.when == "call" and item.get_closest_marker(FAST) is not None \
+            and names_torch(getattr(item, "function", None)):
+        findings.append("its code names torch (marker: torch)")
+    if findings and report.when in ("setup", "call") and report.passed:
+        report.outcome = "failed"
+        report.longrepr = ("a fast test must not do this (give it the marker named):\n  "
+                           + "\n  ".join(dict.fromkeys(findings)))
     setattr(item, f"rep_{report.when}", report)
     if report.failed and report.when in ("setup", "call"):
         for server in _servers_of(item):
@@ -67,6 +80,42 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
                 continue
             tail = path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
             report.sections.append((f"tritonserver log {path} (last lines)", "\n".join(tail)))
+
+
+def _real_tritonserver() -> Path | None:
+    try:
+        return resolve_binary()
+    except Exception:  # noqa: BLE001 - no binary here: nothing can start it by mistake either
+        return None
+
+
+_TIER_GUARD = TierGuard(_real_tritonserver())
+_FINDINGS = pytest.StashKey[list]()
+
+
+def _watched(item: pytest.Item):
+    """Run one phase of ``item`` under the tier guard when it is fast; keep what it found."""
+    if item.get_closest_marker(FAST) is None:
+        yield
+        return
+    light = item.get_closest_marker(LIGHT_SUBPROCESS)
+    with _TIER_GUARD.watching(light_subprocess=light is not None) as findings:
+        yield
+    if light is not None and not (light.args or light.kwargs.get("reason")):
+        findings.append(f"{LIGHT_SUBPROCESS} without the reason its child stops before any export")
+    item.stash.setdefault(_FINDINGS, []).extend(findings)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """Fixtures of a fast test (module and session ones too) run under the tier guard."""
+    yield from _watched(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A fast test's body runs under the tier guard."""
+    yield from _watched(item)
 
 
 @pytest.fixture
@@ -83,6 +132,15 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedServer]]:
 def toy_repository() -> Path:
     """The hand-written Python-backend repository (toy_double, toy_text, toy_classify)."""
     return TOY_REPOSITORY
+
+
+@pytest.fixture
+def toy_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file toy_double appends a line to per request it starts executing, in servers
+    started after this fixture (tests/waits.py ``in_flight``)."""
+    path = tmp_path / "toy-double-started"
+    monkeypatch.setenv(STARTED_FILE_ENV, str(path))
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -120,8 +178,12 @@ def _gpu_missing() -> list[str]:
     return missing
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` on machines without an NVIDIA GPU and TensorRT."""
+    """Mark the fast tier; skip tests marked ``gpu`` on machines without a GPU and TensorRT."""
+    for item in items:
+        if is_fast({m.name for m in item.iter_markers()}, getattr(item, "fixturenames", ())):
+            item.add_marker(FAST)
     missing = _gpu_missing()
     if not missing:
         return

@@ -1,6 +1,7 @@
 """Tests of ``tools bench``: the tables' ratios and tail target, the plot, the in-process encoder
-computing what the server computes, requests for any pipeline, and short real runs against a
-server (the built repository, and the toy repository as a user's own models).
+computing what the server computes, each pipeline's requests taken from its scenario
+(``tools.load.scenario``, as ``tools loadtest`` sends them), and short real runs against a server
+(the built repository, and pipelines a user adds with ``tools add``).
 """
 
 from __future__ import annotations
@@ -13,16 +14,23 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests.add_helpers import WORDS, save_tokenizer
+from tests.scenario_helpers import ids_onnx, linear_onnx, start_spec
+from tools.add.command import add_model
 from tools.bench.command import DEFAULT_TEXTS
 from tools.bench.inprocess import InProcessEncoder, LimitResult, read_setup
 from tools.bench.report import (format_table, format_variants, save_plot, tail_ratios,
                                 variant_rows)
-from tools.bench.targets import prepare_requests, resolve
+from tools.bench.targets import default_names, payload_of, resolve
+from tools.build_repo.spec import load_spec
 from tools.cli import cli
+from tools.errors import UserInputError
 from tools.load import Point
+from tools.load.scenario import UnknownScenario, build_scenario
 from tools.loadtest.triton_stats import ModelWindow
 
-TOY = Path(__file__).parent / "fixtures" / "toy_repository"
+ROOT = Path(__file__).resolve().parents[1]
+VOCABULARY = len(WORDS) + 7  # save_tokenizer's WordPiece vocabulary
 
 
 def _limit(batch: int, throughput: float, variant: str = "in-process, pad to longest"):
@@ -168,9 +176,10 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
     texts.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "bench"
     result = CliRunner().invoke(cli, [
-        "bench", "--repository", str(triton_server.model_repository),
+        "bench", "--spec", str(ROOT / "repository.yaml"),
+        "--repository", str(triton_server.model_repository),
         "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
-        "--texts", str(texts), "--batch-sizes", "1,4", "--concurrency", "1,4",
+        "--data", str(texts), "--batch-sizes", "1,4", "--concurrency", "1,4",
         "--duration", "2", "--warmup", "0.5", "--min-seconds", "0", "--output", str(out),
     ])
     assert result.exit_code == 0, result.output
@@ -241,69 +250,135 @@ def test_the_in_process_limit_gets_the_cores_of_every_served_instance(groups, th
     assert config["parameters"]["intra_op_threads"] == {"string_value": threads}, "a copy is changed"
 
 
-def _config(inputs, outputs=("OUT",), max_batch_size=8):
-    return {"max_batch_size": max_batch_size,
-            "input": [{"name": n, "data_type": t, "dims": ["1"]} for n, t in inputs],
-            "output": [{"name": n} for n in outputs]}
+@pytest.fixture(scope="module")
+def onnx_added(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two raw ONNX models added with ``tools add onnx`` and built (no torch, no server), and
+    one more added to the spec after the build."""
+    from tools.build_repo.pipeline import build_repository
+
+    root = tmp_path_factory.mktemp("bench_onnx")
+    spec = start_spec(root)
+    save_tokenizer(root / "ids")  # beside token_sum.onnx: its ids stay in this vocabulary
+    add_model("onnx", str(ids_onnx(root / "ids" / "token_sum.onnx", VOCABULARY)), "token_sum",
+              spec)
+    add_model("onnx", str(linear_onnx(root / "scorer" / "scorer.onnx")), "scorer", spec)
+    build_repository(spec, root / "repo", progress=False)
+    add_model("onnx", str(linear_onnx(root / "later" / "later.onnx")), "later", spec)
+    return {"root": root, "spec": spec, "repository": root / "repo"}
 
 
-def test_requests_are_derived_from_any_pipelines_inputs():
-    texts, images = ["one", "two", "three"], [b"\x89PNG-a", b"\xff\xd8-b"]
-    single, payload = prepare_requests("enc", _config([("TEXT", "TYPE_STRING")]), texts, images)
-    assert payload == "texts" and len(single) == 3
-    assert single[1].inputs["TEXT"].tolist() == [[b"two"]] and single[1].outputs == ("OUT",)
-    pairs, _ = prepare_requests("rerank", _config([("TEXT", "TYPE_STRING"),
-                                                    ("TEXT_PAIR", "TYPE_STRING")]), texts, images)
-    assert (pairs[2].inputs["TEXT"].tolist(), pairs[2].inputs["TEXT_PAIR"].tolist()) == (
-        [[b"three"]], [[b"one"]])  # a text and the next one
-    photos, payload = prepare_requests("img", _config([("IMAGE", "TYPE_STRING")]), texts, images)
-    assert payload == "images" and [r.inputs["IMAGE"][0, 0] for r in photos] == images
-    unbatched, _ = prepare_requests("u", _config([("TEXT", "TYPE_STRING")], max_batch_size=0),
-                                    texts, images)
-    assert unbatched[0].inputs["TEXT"].shape == (1,)
-    none, why = prepare_requests("raw", _config([("input_ids", "TYPE_INT64")]), texts, images)
-    assert none == [] and "no payloads for inputs input_ids (INT64)" in why
-
-
-def test_a_pipeline_without_a_tokenizer_and_encoder_says_why_it_has_no_in_process_limit():
-    targets, notes = resolve(TOY, ["toy_text", "toy_classify", "toy_double"], ["a cat"],
+def test_each_target_sends_the_requests_of_its_scenario_from_the_spec(onnx_added, tmp_path):
+    spec = load_spec(onnx_added["spec"])
+    targets, notes = resolve(onnx_added["repository"], spec, ["token_sum", "scorer"],
                              explicit=True)
-    assert [t.name for t in targets] == ["toy_text", "toy_classify"]
-    assert [t.payload for t in targets] == ["texts", "images"]
-    assert all(t.setup is None and "not an ensemble" in t.limit_na for t in targets)
-    assert notes == ["pipeline toy_double: no payloads for inputs INPUT0 (FP32): tools bench "
-                     "sends texts to string inputs and photos to an IMAGE input: skipped"]
+    assert notes == [] and [t.name for t in targets] == ["token_sum", "scorer"]
+    for target in targets:
+        scenario = build_scenario(spec, target.name)
+        assert target.scenario.digest == scenario.digest  # the very load tools loadtest sends
+        assert target.payload == "tensors" and target.texts == ()
+        assert target.setup is None and "not an ensemble" in target.limit_na
+    ids = targets[0].requests[0].inputs["input_ids"]
+    assert ids.dtype == np.int64 and 0 <= ids.min() and ids.max() < VOCABULARY
+
+    data = tmp_path / "features.jsonl"
+    data.write_text("".join(json.dumps({"features": [float(i)] * 6}) + "\n" for i in range(3)))
+    (target,), _ = resolve(onnx_added["repository"], spec, ["scorer"], data, explicit=True)
+    assert target.scenario.labels == ("line-1", "line-2", "line-3")
+    assert target.requests[2].inputs["features"].tolist() == [[2.0] * 6]
 
 
-def test_an_unknown_pipeline_exits_2_naming_the_known_ones(tmp_path):
-    result = CliRunner().invoke(cli, ["bench", "--repository", str(TOY), "--pipelines",
-                                      "toy_text,nope", "--output", str(tmp_path)])
+def test_a_pipeline_the_repository_lacks_is_an_error_when_named_and_skipped_by_default(
+    onnx_added,
+):
+    spec = load_spec(onnx_added["spec"])
+    with pytest.raises(UserInputError, match=r"--scenario later: not in .*repo \(built: "
+                                             r"scorer, token_sum; build it first: tools "
+                                             r"build-repo --spec .* --repository .*\)"):
+        resolve(onnx_added["repository"], spec, ["scorer", "later"], explicit=True)
+    targets, notes = resolve(onnx_added["repository"], spec, ["scorer", "later", "absent"],
+                             explicit=False)
+    assert [t.name for t in targets] == ["scorer"]
+    assert notes == [f"pipeline later is not in {onnx_added['repository']}: skipped",
+                     f"pipeline absent is not in {onnx_added['spec']}: skipped"]
+    with pytest.raises(UnknownScenario, match=r"--scenario absent: not a pipeline or model of "
+                                              r".* \(known: token_sum, scorer, later\)"):
+        resolve(onnx_added["repository"], spec, ["absent"], explicit=True)
+
+
+def test_without_a_scenario_the_shipped_variants_are_measured_else_every_pipeline_of_the_spec(
+    onnx_added,
+):
+    assert default_names(load_spec(ROOT / "repository.yaml")) == (
+        "text_embedding", "text_embedding_int8", "text_embedding_bf16")
+    assert default_names(load_spec(onnx_added["spec"])) == ()  # no pipeline: tools add onnx
+    # adds a model; naming it is what measures it
+
+
+def test_the_shipped_pipelines_are_sent_texts_and_photos():
+    spec = load_spec(ROOT / "repository.yaml")
+    assert payload_of(build_scenario(spec, "text_embedding")) == "texts"
+    assert payload_of(build_scenario(spec, "image_classification")) == "images"
+
+
+@pytest.mark.parametrize("spelling", ["--scenario", "--pipelines"])
+def test_an_unknown_scenario_exits_2_naming_the_known_ones(onnx_added, tmp_path, spelling):
+    result = CliRunner().invoke(cli, ["bench", "--spec", str(onnx_added["spec"]), "--repository",
+                                      str(onnx_added["repository"]), spelling, "scorer,nope",
+                                      "--output", str(tmp_path)])
     assert result.exit_code == 2, result.output
-    assert "--pipelines: nope not in" in result.output
-    assert "(known: toy_classify, toy_double, toy_text)" in result.output
+    assert "--scenario nope: not a pipeline or model of" in result.output
+    assert "(known: token_sum, scorer, later)" in result.output
 
 
+def test_data_that_does_not_fit_a_scenario_exits_2_naming_the_line_and_input(onnx_added,
+                                                                              tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"features": [1.0, 2.0]}) + "\n")
+    result = CliRunner().invoke(cli, ["bench", "--spec", str(onnx_added["spec"]), "--repository",
+                                      str(onnx_added["repository"]), "--scenario", "scorer",
+                                      "--data", str(data), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"{data}:1: input 'features': dim 1 is 2, expected 6" in result.output
+
+
+@pytest.mark.torch
 @pytest.mark.server
-@pytest.mark.timeout(600)
-def test_bench_sweeps_a_users_own_models_through_the_http_guard(tmp_path):
+@pytest.mark.timeout(900)
+def test_bench_sweeps_pipelines_a_user_adds_through_the_http_guard(tmp_path):
+    from tests.add_helpers import tiny_bert_folder
+    from tools.build_repo.pipeline import build_repository
+
+    spec = start_spec(tmp_path / "project")
+    add_model("hf-text-embedding", str(tiny_bert_folder(tmp_path / "project" / "embedder")),
+              "cls_embedder", spec, pooling="cls", normalize=False)
+    add_model("onnx", str(linear_onnx(tmp_path / "project" / "scorer.onnx")), "scorer", spec)
+    build_repository(spec, tmp_path / "repo", progress=False)
     out = tmp_path / "bench"
     result = CliRunner().invoke(cli, [
-        "bench", "--repository", str(TOY), "--pipelines", "toy_text,toy_classify",
-        "--concurrency", "1,2", "--duration", "1", "--warmup", "0", "--guard-cost",
-        "--output", str(out),
+        "bench", "--spec", str(spec), "--repository", str(tmp_path / "repo"),
+        "--scenario", "cls_embedder", "--scenario", "scorer", "--concurrency", "1,2",
+        "--duration", "1", "--warmup", "0", "--batch-sizes", "1,4", "--min-seconds", "0",
+        "--guard-cost", "--output", str(out),
     ])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     assert report["conditions"]["http_guard"] is True and report["conditions"]["server"] == "embedded"
     assert {(s["pipeline"], s["protocol"]) for s in report["served"]} == {
-        (p, proto) for p in ("toy_text", "toy_classify")
+        (p, proto) for p in ("cls_embedder", "scorer")
         for proto in ("grpc", "http", "http-unguarded")}
     assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
-    for name in ("toy_text", "toy_classify"):
+    for name in ("cls_embedder", "scorer"):
         figures = report["pipelines"][name]
-        assert figures["limit"] is None and "not an ensemble" in figures["limit_na"]
+        assert figures["requests"] == len(build_scenario(load_spec(spec), name).requests)
         assert {t["protocol"] for t in figures["tail"]} == {"grpc", "http", "http-unguarded"}
-    assert report["pipelines"]["toy_classify"]["payload"] == "images"
-    assert "toy_text: best served" in result.output and "in-process limit n/a" in result.output
-    assert "HTTP guard, toy_classify: best through it" in result.output
+    embedder, scorer = report["pipelines"]["cls_embedder"], report["pipelines"]["scorer"]
+    assert embedder["payload"] == "texts" and embedder["requests"] == report["texts"]
+    assert "consumed by backend text_tokenizer of cls_embedder_tokenizer" in embedder["load"][0]
+    # an added text pipeline (tokenizer -> encoder) gets its in-process limit, on the texts sent
+    assert embedder["limit"] is not None and embedder["limit"]["texts"] == report["texts"]
+    assert scorer["payload"] == "tensors" and scorer["limit"] is None
+    assert "not an ensemble" in scorer["limit_na"]
+    assert "generated float32 [batch, 6]: standard normal" in scorer["load"][0]
+    assert "scorer: best served" in result.output and "in-process limit n/a" in result.output
+    assert "HTTP guard, scorer: best through it" in result.output
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

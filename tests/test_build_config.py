@@ -120,13 +120,19 @@ def test_every_batching_model_rejects_overload_with_a_bounded_queue_or_sits_behi
             unbounded.add(name)
             continue
         policy = config.dynamic_batching.default_queue_policy
-        assert policy.max_queue_size > 0, name
-        assert policy.default_timeout_microseconds > 0, name
+        assert policy.default_timeout_microseconds > 0, name  # a delay bound, and on cpu a size
+        assert policy.max_queue_size > 0 or target == "gpu", name
         assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT, name
-    # the encoders go without a policy (so Triton prefetches their next batch) and are bounded
-    # by text_tokenizer's gate, whose own queue is bounded (checked above)
+        assert policy.default_timeout_microseconds <= 1000 * float(
+            config.parameters["admission_p99_ms"].string_value), "waited out its P99 objective"
+    if target == "gpu":  # no guard runs in the NGC image: every queue has a delay bound there
+        assert unbounded == set()
+        return
+    # the cpu encoders go without a policy (so Triton prefetches their next batch): the guards
+    # bound direct calls by their P99 objective, text_tokenizer's gate the ensemble path
     assert "minilm_encoder" in unbounded
     assert unbounded <= _gated(configs), unbounded - _gated(configs)
+    assert all("admission_p99_ms" in configs[name].parameters for name in unbounded)
 
 
 def test_max_batch_size_is_written_even_when_zero():
@@ -154,7 +160,7 @@ def _committed(tmp_path: Path) -> Path:
 
 def test_check_passes_when_committed_configs_match_the_spec(tmp_path):
     output = _committed(tmp_path)
-    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
+    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--repository", str(output), "--check"])
     assert result.exit_code == 0, result.output
     assert check_repository(SPEC, output) == []
 
@@ -163,7 +169,7 @@ def test_check_fails_with_a_diff_when_a_committed_config_drifted(tmp_path):
     output = _committed(tmp_path)
     path = output / "text_tokenizer" / "config.pbtxt"
     path.write_text(path.read_text().replace("max_queue_size: 64", "max_queue_size: 9"))
-    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--output", str(output), "--check"])
+    result = CliRunner().invoke(build_repo, ["--spec", str(SPEC), "--repository", str(output), "--check"])
     assert result.exit_code != 0
     assert "-    max_queue_size: 9" in result.output
     assert "+    max_queue_size: 64" in result.output
@@ -186,7 +192,7 @@ def test_cli_rejects_an_unknown_only_name_as_a_usage_error(tmp_path):
     from tools.cli import cli
 
     result = CliRunner().invoke(
-        cli, ["build-repo", "--spec", str(SPEC), "--output", str(tmp_path / "out"), "--only", "nope"]
+        cli, ["build-repo", "--spec", str(SPEC), "--repository", str(tmp_path / "out"), "--only", "nope"]
     )
     assert result.exit_code == 2
     assert "--only nope: not in" in result.output

@@ -169,7 +169,7 @@ def test_warmup_files_hold_real_sample_inputs_in_triton_raw_format(built):
 def test_reproduce_script_rebuilds_the_artifact_with_the_exact_command(built):
     spec, output, _ = built
     script = (output / "toy_encoder" / "1" / "model.onnx.reproduce.sh").read_text()
-    assert f"--spec {spec}" in script and f"--output {output}" in script
+    assert f"--spec {spec}" in script and f"--repository {output}" in script
     assert "--only toy_encoder --force" in script
 
 

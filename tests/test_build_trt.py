@@ -389,13 +389,14 @@ def test_require_gpu_passes_with_a_gpu_or_without_tensorrt_models(spec):
     onnx2trt.require_gpu(gpu, ["text_tokenizer"], probe=no_gpu)
 
 
+@pytest.mark.light_subprocess("without a GPU the build is refused before any export")
 def test_build_repo_cli_without_a_gpu_exits_1_naming_the_models(tmp_path):
     import subprocess
     import sys
 
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cli", "build-repo", "--target", "gpu", "--spec",
-         str(REPO_ROOT / "repository.yaml"), "--output", str(tmp_path / "out"), "--no-progress"],
+         str(REPO_ROOT / "repository.yaml"), "--repository", str(tmp_path / "out"), "--no-progress"],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
     )
     if "TensorRT plans of" not in proc.stderr and proc.returncode == 0:

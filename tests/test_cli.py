@@ -37,7 +37,7 @@ def test_every_registered_subcommand_imports_and_has_help():
 
 def test_user_input_error_exits_2_with_the_subcommands_usage_line(tmp_path):
     missing = tmp_path / "no-such-spec.yaml"
-    result = CliRunner().invoke(cli, ["build-repo", "--spec", str(missing), "--output",
+    result = CliRunner().invoke(cli, ["build-repo", "--spec", str(missing), "--repository",
                                       str(tmp_path / "repo")])
     assert result.exit_code == 2
     assert "no-such-spec.yaml" in result.output

@@ -128,7 +128,7 @@ def _host_path(service: dict, container_path: str) -> PurePosixPath:
 
 
 def _output(builder: dict) -> str:
-    return builder["command"][builder["command"].index("--output") + 1]
+    return builder["command"][builder["command"].index("--repository") + 1]
 
 
 # --- validity ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tools import process
 from tools.manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRTRecord
 from tools.net import free_ports
 from tools.serve.server import EmbeddedServer, resolve_binary
+from waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = ROOT / "docker" / "triton-entrypoint.sh"
@@ -85,10 +86,12 @@ def test_supervisor_returns_the_servers_exit_status_when_signalled(tmp_path):
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while not started.exists():  # the server runs: the supervisor forwards signals by now
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        def server_running() -> bool:
+            assert proc.poll() is None, proc.stderr.read()
+            return started.exists()
+
+        wait_until(server_running, 20, "the supervised server to touch its marker file "
+                   "(the supervisor forwards signals from then on)")
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=20)
     finally:
@@ -124,10 +127,12 @@ def _supervise(tmp_path: Path, toy_repository: Path, server: list[str], env: dic
              "--stop-timeout", "20", *options, "--", *server],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-    deadline = time.monotonic() + 120
-    while "all models" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.3)
+    def all_models_ready() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return "all models" in log.read_text()
+
+    wait_until(all_models_ready, 120, lambda: "the supervisor to log 'all models' ready; log: "
+               + log.read_text()[-3000:], interval_s=0.3)
     return proc, log
 
 

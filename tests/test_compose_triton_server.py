@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from tools import process
 from tools.net import LOOPBACK, free_ports
 from tools.serve.server import EmbeddedServer, resolve_binary
 from tools.serve.server_config import TritonServerConfig, binary_options
+from waits import wait_until
 
 pytestmark = pytest.mark.server
 
@@ -214,7 +214,8 @@ def test_healthcheck_fails_when_a_python_stub_died(compose_triton, tmp_path):
     (instance,) = [name for name in stubs if name.startswith("toy_text")]
 
     os.kill(stubs[instance], signal.SIGKILL)
-    time.sleep(1)
+    wait_until(lambda: not process.is_alive(stubs[instance]), 10,
+               f"the killed {instance} stub {stubs[instance]} to be gone")
     result = _healthcheck(compose_triton, compose_triton.repository, TEXT_PROBE, tmp_path)
 
     assert result.returncode == 1

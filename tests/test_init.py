@@ -20,7 +20,7 @@ from tools.add.command import add_model
 from tools.build_repo.spec import load_spec
 from tools.cli import cli
 from tools.errors import UserInputError
-from tools.loadtest.slo import load_slo
+from tools.slo import load_slo
 from tools.spec_schema import REPOSITORY_SCHEMA, SLO_SCHEMA
 
 STARTER = ["repository.yaml", "schemas/repository.schema.json", "schemas/slo.schema.json",

@@ -183,14 +183,15 @@ def test_the_installed_wheel_runs_init_add_build_serve_infer_loadtest_outside_th
             features = [[1.0, 2.0, 3.0, 4.0], [0.5, 0.0, -1.0, 2.0]]
             embeddings = {}
             for protocol, url in urls.items():
+                option = "--url" if protocol == "http" else "--grpc-url"
                 answer = json.loads(run(f"infer {protocol}", "infer", "tiny", "--input",
                                         f"features={json.dumps(features)}", "--protocol",
-                                        protocol, "--url", url, "--json", cwd=project))
+                                        protocol, option, url, "--json", cwd=project))
                 np.testing.assert_allclose(answer["outputs"]["scores"],
                                            np.array(features, np.float32) @ WEIGHTS, rtol=1e-6)
                 answer = json.loads(run(f"infer text {protocol}", "infer", "text_embedding",
                                         "--text", "A man is eating food.", "--protocol",
-                                        protocol, "--url", url, "--json", cwd=project))
+                                        protocol, option, url, "--json", cwd=project))
                 embeddings[protocol] = np.array(answer["outputs"]["EMBEDDING"], np.float32)
             assert embeddings["http"].shape == (1, 384)
             assert abs(float(np.linalg.norm(embeddings["http"])) - 1) < 1e-3

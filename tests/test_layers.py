@@ -20,13 +20,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("tools", "tools.errors", "tools.files", "tools.manifest", "tools.stats",
                     "tools.paths", "tools.process", "tools.net", "tools.command",
                     "tools.tensorrt_module")),
-    ("typed files", ("tools.typed_yaml", "tools.yaml_edit", "tools.build_repo.spec")),
+    ("typed files", ("tools.typed_yaml", "tools.yaml_edit", "tools.build_repo.spec", "tools.slo",
+                     "tools.build_repo.quality_sets")),
     ("models", ("tools.models",)),
     ("build", ("tools.build_repo",)),
     ("stages", ("tools.serve", "tools.load", "tools.loadtest", "tools.bench", "tools.tune",
                 "tools.deploy", "tools.add", "tools.infer", "tools.gpu_check",
                 "tools.spec_schema", "tools.init")),
-    ("cli", ("tools.cli",)),
+    ("cli", ("tools.cli", "tools.cli_doc")),
 ]
 
 
@@ -134,3 +135,38 @@ def test_the_checks_see_a_circle_and_an_upward_arrow_when_there_is_one():
     assert "tools.build_repo.model_source" in graph["tools.build_repo.builders"]
     # lazy imports inside functions are edges too
     assert "tools.models.hf" in graph["tools.build_repo.model_source"]
+
+
+def _package(module: str) -> str | None:
+    """The package of the house picture a module belongs to: ``tools.X...`` is ``X``, except
+    ``build_repo/spec``; ``tools`` itself is on none."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    return "build_repo/spec" if parts[:2] == ["build_repo", "spec"] else parts[0]
+
+
+def package_arrows() -> dict[str, set[str]]:
+    """Which package imports which (a module's imports of its own package left out)."""
+    arrows: dict[str, set[str]] = {}
+    for module, targets in _graph().items():
+        source = _package(module)
+        if source is not None:
+            arrows.setdefault(source, set()).update(
+                t for t in map(_package, targets) if t not in (None, source))
+    return arrows
+
+
+def arrows_table() -> str:
+    """The rows of docs/ARCHITECTURE.md's table of package arrows, as the code has them."""
+    return "\n".join(f"| `{source}` | {', '.join(f'`{t}`' for t in sorted(targets)) or '—'} |"
+                     for source, targets in sorted(package_arrows().items()))
+
+
+def test_the_architecture_page_draws_the_arrows_the_code_has():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    table = text.split("<!-- BEGIN PACKAGE ARROWS -->\n", 1)[1].split("<!-- END", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert rows == arrows_table().splitlines(), (
+        "docs/ARCHITECTURE.md's package arrows differ from the import graph; the rows now:\n"
+        + arrows_table())

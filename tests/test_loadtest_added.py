@@ -58,7 +58,7 @@ def _loadtest(added, report: Path, *args: str) -> subprocess.CompletedProcess:
     server = added["server"]
     return subprocess.run(
         [sys.executable, "-m", "tools.cli", "loadtest", "--spec", str(added["spec"]),
-         "--url", server.http_url, "--grpc-url", server.grpc_url, "--report-dir", str(report),
+         "--url", server.http_url, "--grpc-url", server.grpc_url, "--output", str(report),
          *RUN, *args],
         capture_output=True, text=True, timeout=600, cwd=paths.CHECKOUT)
 

@@ -25,7 +25,7 @@ def spec(tmp_path):
 def _loadtest(spec, *args):
     # Port 9 of loopback: nothing listens; every case must fail before it is used.
     return CliRunner().invoke(cli, ["loadtest", "--spec", str(spec), "--url", "127.0.0.1:9",
-                                    "--report-dir", str(spec.parent / "report"), *args])
+                                    "--output", str(spec.parent / "report"), *args])
 
 
 def test_an_unknown_scenario_exits_2_naming_the_known_ones(spec):

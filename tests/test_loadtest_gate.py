@@ -13,7 +13,7 @@ import pytest
 
 from tools.errors import UserInputError
 from tools.loadtest import gate, triton_stats
-from tools.loadtest.slo import DEFAULT_SLO_FILE, load_slo
+from tools.slo import DEFAULT_SLO_FILE, load_slo
 
 
 def _record(start_s: float, latency_ms: float, ok: bool = True, **kw) -> gate.RequestRecord:

@@ -15,7 +15,7 @@ from tools.cli import cli
 from tools.loadtest.command import run_loadtests
 from tools.loadtest.gate import read_records
 from tools.loadtest.runner import RunSpec, run_locust
-from tools.loadtest.slo import DEFAULT_SLO_FILE
+from tools.slo import DEFAULT_SLO_FILE
 from tools.net import free_ports
 
 SMOKE_WARMUP_S = 3.0
@@ -90,7 +90,7 @@ def test_loadtest_exits_nonzero_with_one_line_when_p99_target_is_unattainable(
     result = CliRunner().invoke(cli, [
         "loadtest", "--url", triton_server.http_url, "--scenario", "text_embedding",
         "--protocol", "http", "--duration", "3", "--warmup", "1", "--slo-file", str(slo),
-        "--report-dir", str(tmp_path / "report"),
+        "--output", str(tmp_path / "report"),
     ])
     assert result.exit_code == 1, result.output
     last = result.output.strip().splitlines()[-1]

@@ -24,7 +24,8 @@ from tools.loadtest.runner import (
     parse_progress,
     run_locust,
 )
-from tools.loadtest.slo import DEFAULT_SLO_FILE
+from tools.slo import DEFAULT_SLO_FILE
+from waits import wait_until
 
 
 def _spec(tmp_path: Path, **kw) -> RunSpec:
@@ -41,7 +42,7 @@ def test_locust_command_runs_the_scenario_class_for_warmup_plus_duration(tmp_pat
     cmd = locust_command(_spec(tmp_path))
     assert cmd[-1] == "ScenarioGrpcUser"
     assert cmd[cmd.index("--scenario") + 1] == "image_classification"
-    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC)
+    assert cmd[cmd.index("--spec") + 1] == str(runner.DEFAULT_SPEC.resolve())  # relative default, absolute for locust
     assert "--data" not in cmd and "--p99-ms" not in cmd
     assert cmd[cmd.index("-t") + 1] == "25s"
     assert cmd[cmd.index("-u") + 1] == "4"
@@ -159,16 +160,21 @@ def test_ctrl_c_to_tools_loadtest_leaves_no_locust_process_behind(tmp_path):
     tools = subprocess.Popen(
         [sys.executable, "-m", "tools.cli", "loadtest", "--url", "127.0.0.1:9",
          "--scenario", "image_classification", "--protocol", "http", "--rate", "2",
-         "--duration", "300", "--warmup", "0", "--report-dir", str(report_dir)],
+         "--duration", "300", "--warmup", "0", "--output", str(report_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=LOCUSTFILE.parents[1],
     )
+    log = report_dir / "image_classification-http" / "locust.log"
+
+    def locust_logging() -> bool:
+        assert tools.poll() is None, tools.communicate()
+        # the runner writes the command line first; a line after it is locust's own, so the
+        # runner has started the child and is waiting on it
+        return bool(_locust_children(str(report_dir))) and log.exists() \
+            and len(log.read_text().splitlines()) > 1
+
     try:
-        deadline = time.monotonic() + 60
-        while not _locust_children(str(report_dir)) and time.monotonic() < deadline:
-            assert tools.poll() is None, tools.communicate()
-            time.sleep(0.2)
-        assert _locust_children(str(report_dir)), "locust never started"
-        time.sleep(1.0)  # let the runner settle into waiting on the child
+        wait_until(locust_logging, 60, lambda: "locust to start and log under tools loadtest; "
+                   f"log: {log.read_text()[-500:] if log.exists() else 'none'}")
         tools.send_signal(signal.SIGINT)  # Ctrl-C reaches tools only: locust has its own session
         _, err = tools.communicate(timeout=60)
     finally:
@@ -199,8 +205,8 @@ def test_run_names_the_summary_file_when_the_run_left_it_half_written(tmp_path, 
     ("command", "option", "shown"),
     [
         ("loadtest", "--slo-file", "loadtests/slo.yaml of this project"),
-        ("tune", "--slo", "loadtests/slo.yaml of this project"),
-        ("bench", "--texts", "loadtests/data/texts.txt of this project"),
+        ("tune", "--slo-file", "loadtests/slo.yaml of this project"),
+        ("bench", "--data", "loadtests/data/texts.txt of this project"),
     ],
 )
 def test_help_shows_a_project_relative_default_not_this_machines_path(command, option, shown):
@@ -211,6 +217,7 @@ def test_help_shows_a_project_relative_default_not_this_machines_path(command, o
     result = CliRunner().invoke(cli, [command, "--help"], terminal_width=200)
 
     assert result.exit_code == 0, result.output
-    (line,) = [line for line in result.output.splitlines() if line.strip().startswith(option)]
-    assert shown in line
+    # the option's help, its wrapped lines joined (up to the next option)
+    after = result.output.split(f"\n  {option} ", 1)[1].split("\n  -", 1)[0]
+    assert shown in " ".join(after.split())
     assert str(LOCUSTFILE.parents[1]) not in result.output

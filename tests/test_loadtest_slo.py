@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from tests.scenario_helpers import linear_onnx, start_spec
 from tools.cli import cli
 from tools.errors import ModelSourceError, UserInputError
-from tools.loadtest.slo import (
+from tools.slo import (
     DEFAULT_LOAD,
     DEFAULT_SLO_FILE,
     NEW_P99_MS,

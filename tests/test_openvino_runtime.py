@@ -232,15 +232,18 @@ def test_the_calibration_texts_are_an_input_of_the_int8_build_and_of_no_other(tm
 
 
 def test_openvino_int8_with_no_calibration_text_left_is_an_error_naming_the_field(tmp_path):
-    # Every calibration text is also a quality text: nothing is left to calibrate on.
-    from tools.build_repo import onnx2ov_int8
+    # Every calibration text is a held-out quality text: nothing is left to calibrate on.
+    from tools.build_repo import onnx2ov_int8, quality_sets
     from tools.errors import ExportError
 
     spec = load_spec(ROOT / "repository.yaml").find("minilm_encoder_int8")
+    nothing = quality_sets.Calibration((), (), left_out=3)
+    empty = quality_sets.QualitySet((), (), ())
     with pytest.raises(ExportError, match=r"model 'minilm_encoder_int8': field "
                                           r"'cpu.calibration_texts' holds no text outside the "
-                                          r"quality set"):
-        onnx2ov_int8.quantize_openvino(tmp_path / "absent.onnx", tmp_path / "q.xml", spec, [])
+                                          r"held-out quality texts"):
+        onnx2ov_int8.quantize_openvino(tmp_path / "absent.onnx", tmp_path / "q.xml", spec, nothing,
+                                       empty)
     assert not (tmp_path / "q.xml").exists()
 
 

@@ -1,16 +1,15 @@
-"""The queue gate of a pipeline's first step: reading Triton's queue gauges, admitting, failing open.
+"""The queue gate of a pipeline's first step: reading Triton's gauges, Little's law, holding.
 
-These tests hand the gate a stand-in for the metrics endpoint; the real endpoint and the real
+These tests hand the gate a stand-in for the metrics endpoint and a clock of their own (time
+moves only when a test or the gate's own ``sleep`` moves it); the real endpoint and the real
 ensemble are exercised by tests/test_reliability_faults.py (overload of ``text_embedding``).
 """
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from pipeline_ops import admission
-from pipeline_ops.admission import AdmissionSettings, QueueGate, pending_requests
+from pipeline_ops.admission import AdmissionSettings, QueueGate, pending_requests, read_models
 from pipeline_ops.errors import ConfigurationError, Overloaded
 
 METRICS = """# HELP nv_inference_pending_request_count Instantaneous number of pending requests
@@ -19,15 +18,56 @@ nv_inference_pending_request_count{model="minilm_encoder",version="1"} 40
 nv_inference_pending_request_count{model="minilm_encoder",version="2"} 2
 nv_inference_pending_request_count{model="minilm_encoder_int8",version="1"} 7
 nv_inference_pending_request_count{model="text_tokenizer",version="1"} 90
+nv_inference_request_success{model="minilm_encoder",version="1"} 1000
+nv_inference_request_success{model="text_tokenizer",version="1"} 5000
 nv_inference_queue_duration_us{model="minilm_encoder",version="1"} 123456
 """
 SETTINGS = AdmissionSettings(("minilm_encoder", "minilm_encoder_int8"), max_pending=64)
 
 
-def test_pending_requests_sum_the_named_models_over_their_versions_only():
+class FakeClock:
+    """Seconds that move only when told (``advance``) or slept through (``sleep``)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _metrics(pending: int, done: float = 0.0) -> str:
+    return (f'nv_inference_pending_request_count{{model="minilm_encoder",version="1"}} {pending}\n'
+            f'nv_inference_request_success{{model="minilm_encoder",version="1"}} {done}\n')
+
+
+def _gate(settings: AdmissionSettings, readings, clock: FakeClock | None = None) -> QueueGate:
+    """A gate reading ``readings`` in turn (the last one again once they run out)."""
+    readings = list(readings)
+    reads = []
+
+    def fetch(url):
+        reads.append(url)
+        return readings[min(len(reads), len(readings)) - 1]
+
+    clock = clock or FakeClock()
+    gate = QueueGate(settings, fetch=fetch, start=False, clock=clock, sleep=clock.sleep)
+    gate.reads = reads  # type: ignore[attr-defined]
+    return gate
+
+
+def test_pending_and_answered_requests_sum_the_named_models_over_their_versions_only():
     assert pending_requests(METRICS, ["minilm_encoder"]) == 42
     assert pending_requests(METRICS, ["minilm_encoder", "minilm_encoder_int8"]) == 49
     assert pending_requests(METRICS, ["absent"]) == 0
+    assert read_models(METRICS, ["minilm_encoder", "text_tokenizer"]).done == 6000
 
 
 def test_settings_are_none_without_admission_models_and_read_the_metrics_address_from_env():
@@ -39,7 +79,7 @@ def test_settings_are_none_without_admission_models_and_read_the_metrics_address
     assert settings == AdmissionSettings(("a", "b"), 64, "127.0.0.1:9")
     default = AdmissionSettings.from_parameters(
         {"admission_models": "a", "admission_max_pending": "1"}, "tok", environ={})
-    assert default.metrics_url == admission.DEFAULT_METRICS_URL
+    assert default.metrics_url == admission.DEFAULT_METRICS_URL and default.p99_s is None
 
 
 @pytest.mark.parametrize("value", ["", "0", "-3", "many"])
@@ -49,47 +89,87 @@ def test_settings_name_the_model_and_parameter_when_max_pending_is_not_positive(
             {"admission_models": "a", "admission_max_pending": value}, "tok", environ={})
 
 
-def test_the_gate_counts_what_it_admits_and_reads_again_when_the_room_runs_out(monkeypatch):
-    monkeypatch.setattr(admission, "MIN_READ_AGE_S", 0.05)
-    readings = iter([METRICS, METRICS.replace("} 40", "} 10")])
-    gate = QueueGate(SETTINGS, fetch=lambda url: next(readings), start=False)
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_settings_name_the_model_and_parameter_when_the_p99_objective_is_not_positive(value):
+    with pytest.raises(ConfigurationError, match="model 'tok': parameter 'admission_p99_ms'"):
+        AdmissionSettings.from_parameters({"admission_models": "a", "admission_max_pending": "8",
+                                           "admission_p99_ms": value}, "tok", environ={})
+
+
+def test_the_p99_objective_gives_the_delay_budget_of_the_later_models_queue():
+    settings = AdmissionSettings.from_parameters(
+        {"admission_models": "a", "admission_max_pending": "64", "admission_p99_ms": "600"},
+        "tok", environ={})
+    assert settings.p99_s == 0.6
+    assert settings.delay_budget_s == pytest.approx(admission.DRAIN_FACTOR * 0.6)
+
+
+def test_the_gate_counts_what_it_admits_and_reads_again_when_the_room_runs_out():
+    clock = FakeClock()
+    gate = _gate(SETTINGS, [METRICS, METRICS.replace("} 40", "} 10")], clock)
     gate.refresh()  # 49 of 64 held: room for 15
 
     assert gate.admit(10) == 10
     assert gate.admit(10) == 5, "a burst right after a reading cannot overfill the queue"
-    assert gate.admit(3) == 0
-    time.sleep(0.06)  # the reading is older than MIN_READ_AGE_S: read again before refusing
-    assert gate.admit(50) == 45, "19 held now: room for 45"
+    assert gate.admit(3) == 0 and len(gate.reads) == 1, "the reading is too young to redo"
+    clock.advance(admission.MIN_READ_AGE_S * 2)
+    assert gate.admit(50) == 45, "older than MIN_READ_AGE_S: read again (19 held, room 45)"
+    assert len(gate.reads) == 2
 
 
-def test_a_held_batch_waits_for_room_for_all_of_it_then_goes_on_whole(monkeypatch):
-    monkeypatch.setattr(admission, "MIN_READ_AGE_S", 0.01)
-    pending = iter([60, 60, 58, 50] + [50] * 100)  # room 4, 4, 6, then 14
-    reads = []
-
-    def fetch(url):
-        reads.append(time.monotonic())
-        return f'nv_inference_pending_request_count{{model="minilm_encoder",version="1"}} {next(pending)}'
-
-    gate = QueueGate(AdmissionSettings(("minilm_encoder",), 64, max_wait_s=1.0), fetch=fetch,
-                     start=False)
+def test_by_littles_law_the_room_is_the_measured_rate_times_the_delay_budget():
+    # the encoders' queue may hold 0.3 s of work
+    settings = AdmissionSettings(("minilm_encoder",), 64, p99_s=0.3 / admission.DRAIN_FACTOR)
+    clock = FakeClock()
+    gate = _gate(settings, [_metrics(30, 1000), _metrics(30, 1100), _metrics(0, 1200),
+                            _metrics(5, 1250)], clock)
     gate.refresh()
-    started = time.monotonic()
+    assert gate.rate is None and gate.limit() == 64, "no rate yet: the size bound alone"
+    clock.advance(1.0)
+    gate.refresh()  # 100 answered in 1 s with a queue all along
+    assert gate.rate == pytest.approx(100.0)
+    assert gate.limit() == 30 and gate.admit(5) == 0, "30 held = 0.3 s at 100/s: no room"
+    clock.advance(1.0)
+    gate.refresh()  # the queue had not run dry before: 100/s again
+    assert gate.rate == pytest.approx(100.0) and gate.admit(30) == 30
+    clock.advance(1.0)
+    gate.refresh()  # it had run dry (0 pending): 50 answers in that second say nothing of speed
+    assert gate.rate == pytest.approx(100.0) and gate.admit(30) == 25
+
+
+def test_the_size_bound_still_caps_a_fast_models_room():
+    settings = AdmissionSettings(("minilm_encoder",), 16, p99_s=10.0)
+    clock = FakeClock()
+    gate = _gate(settings, [_metrics(4, 0), _metrics(4, 1000)], clock)
+    gate.refresh()
+    clock.advance(1.0)
+    gate.refresh()
+    assert gate.limit() == 16 and gate.admit(20) == 12
+
+
+def test_a_held_batch_waits_for_room_for_all_of_it_then_goes_on_whole():
+    clock = FakeClock()
+    # room 4, 4, 6, then 14
+    gate = _gate(AdmissionSettings(("minilm_encoder",), 64, max_wait_s=1.0),
+                 [_metrics(60), _metrics(60), _metrics(58), _metrics(50)], clock)
+    gate.refresh()
+    started = clock.now
     assert gate.admit(8) == 8, "held until a reading showed room for all 8"
-    assert len(reads) == 4 and time.monotonic() - started >= 0.02
-    assert min(b - a for a, b in zip(reads[1:], reads[2:])) >= 0.009, "reads at most every 10 ms"
-    assert gate.admit(6) == 6 and len(reads) == 4, "room 14 - 8 = 6 left: no new reading"
+    assert len(gate.reads) == 4
+    assert clock.slept and min(clock.slept) >= admission.MIN_READ_AGE_S - 1e-9, \
+        "read again at most every MIN_READ_AGE_S"
+    assert clock.now - started == pytest.approx(3 * admission.MIN_READ_AGE_S)
+    assert gate.admit(6) == 6 and len(gate.reads) == 4, "room 14 - 8 = 6 left: no new reading"
 
 
-def test_a_held_batch_is_refused_in_part_at_the_deadline(monkeypatch):
-    monkeypatch.setattr(admission, "MIN_READ_AGE_S", 0.01)
-    full = 'nv_inference_pending_request_count{model="minilm_encoder",version="1"} 61'
-    gate = QueueGate(AdmissionSettings(("minilm_encoder",), 64, max_wait_s=0.05),
-                     fetch=lambda url: full, start=False)
+def test_a_held_batch_is_refused_in_part_at_the_deadline():
+    clock = FakeClock()
+    gate = _gate(AdmissionSettings(("minilm_encoder",), 64, max_wait_s=0.05), [_metrics(61)],
+                 clock)
     gate.refresh()
-    started = time.monotonic()
+    started = clock.now
     assert gate.admit(8) == 3, "room for 3 at the deadline: the other 5 are refused"
-    assert 0.04 <= time.monotonic() - started < 0.5
+    assert 0.04 <= clock.now - started <= 0.05 + admission.MIN_READ_AGE_S
 
 
 def test_max_wait_is_read_in_milliseconds_and_must_be_a_whole_number():
@@ -105,7 +185,7 @@ def test_max_wait_is_read_in_milliseconds_and_must_be_a_whole_number():
 
 def test_the_gate_refuses_everything_while_the_later_models_hold_the_maximum():
     full = METRICS.replace('"minilm_encoder",version="1"} 40', '"minilm_encoder",version="1"} 80')
-    gate = QueueGate(SETTINGS, fetch=lambda url: full, start=False)
+    gate = _gate(SETTINGS, [full])
     gate.refresh()
 
     assert gate.admit(4) == 0
@@ -118,33 +198,34 @@ def test_the_gate_fails_open_before_its_first_reading_and_while_the_endpoint_is_
     def down(url):
         raise ConnectionRefusedError(f"{url} refused")
 
-    gate = QueueGate(SETTINGS, fetch=down, start=False)
+    clock = FakeClock()
+    gate = QueueGate(SETTINGS, fetch=down, start=False, clock=clock, sleep=clock.sleep)
     assert gate.admit(100) == 100, "no reading yet"
     gate.refresh()
     assert gate.admit(100) == 100, "the later models' own max_queue_size still bounds the backlog"
 
 
-def test_the_polling_thread_reads_while_requests_arrive_and_stops_reading_when_idle(monkeypatch):
-    monkeypatch.setattr(admission, "IDLE_AFTER_S", 0.2)
-    reads = []
-    gate = QueueGate(AdmissionSettings(("minilm_encoder",), 64, interval_s=0.005),
-                     fetch=lambda url: reads.append(url) or METRICS)
-    try:
-        time.sleep(0.2)
-        assert reads == [], "no request yet: nothing is read"
-        gate.admit(1)
-        deadline = time.monotonic() + 5
-        while len(reads) < 3:
-            assert time.monotonic() < deadline, reads
-            time.sleep(0.01)
-        assert gate.admit(100) <= 64 - 42
-        time.sleep(0.6)  # idle past IDLE_AFTER_S
-        idle_reads = len(reads)
-        time.sleep(0.3)
-        assert len(reads) == idle_reads, "an idle gate reads nothing"
-        assert gate.admit(5) == 5, "after idling the first burst is admitted until read again"
-    finally:
-        gate.close()
+def test_polling_reads_while_requests_arrive_faster_under_pressure_and_not_at_all_when_idle():
+    clock = FakeClock()
+    settings = AdmissionSettings(("minilm_encoder",), 64, interval_s=0.01)
+    gate = _gate(settings, [_metrics(10), _metrics(50)], clock)
+    assert gate.poll_once() is None and gate.reads == [], "no request yet: nothing is read"
+    gate.admit(1)
+    assert gate.poll_once() == pytest.approx(0.05) and len(gate.reads) == 1, \
+        "room 54 of 64 left: read every 5 intervals"
+    assert gate.poll_once() == pytest.approx(0.05) and len(gate.reads) == 1, "not due yet"
+    clock.advance(0.05)
+    gate.admit(40)
+    assert gate.poll_once() == pytest.approx(0.01) and len(gate.reads) == 2, \
+        "50 held, room 14 of 64: read every interval"
+    clock.advance(admission.IDLE_AFTER_S + 0.01)
+    assert gate.poll_once() is None and len(gate.reads) == 2, "idle: nothing is read"
+    assert gate.admit(100) == 100, "after idling the first burst is admitted until read again"
+
+
+def test_the_polling_thread_stops_on_close_even_while_idle():
+    gate = QueueGate(SETTINGS, fetch=lambda url: METRICS)
+    gate.close()
     assert not gate._thread.is_alive()
 
 

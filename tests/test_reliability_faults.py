@@ -7,7 +7,6 @@ bounded in time and requests, on loopback, and the figures are asserted.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import threading
@@ -17,10 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tools.load.scenario import load_texts
-from tools import process
+from tools import paths, process
+from tools.build_repo.admission import objectives
+from tools.build_repo.spec import load_spec
 from tools.serve import faults
+from tools.serve.grpc_guard import MAX_MESSAGE_BYTES
+from tools.serve.http_guard import GuardLimits
+from tools.serve.overload import burst_heads, overload_run, scenario_bodies
+from tools.serve.server import EmbeddedServer
 from tools.stats import Window, latency_summary, summarize
+from waits import in_flight, wait_until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.server]
 
@@ -29,6 +34,9 @@ TOY = Path(__file__).parent / "fixtures" / "toy_repository"
 # stays well within what the Python load generator sends on 2 shared cores (at 50 ms, 4x was
 # ~1,150 req/s and one CI run measured 0.76)
 DELAY_MS = 100.0
+# what toy_slow (_SLOW: 2 instances, batches of 8) serves when both execute full batches back to
+# back: a sleep, not CPU, so it does not move with the machine's load
+SLOW_CAPACITY_RPS = 2 * 8 * 1000.0 / DELAY_MS
 _SLOW = """name: "toy_slow"
 backend: "python"
 max_batch_size: 8
@@ -114,8 +122,10 @@ def test_overload_keeps_its_goodput_and_rejects_fast_with_a_bounded_accepted_p99
     goodput_rps = over.ok / over.window.length_s
     rejected = [r.latency_ms for r in opened.records if not r.ok]
 
-    # at capacity a shared 2-core machine may let a few requests pass the 500 ms queue timeout
-    assert capacity.errors <= 0.05 * capacity.count and capacity_rps > 80, capacity
+    # at capacity a shared 2-core machine may let a few requests pass the 500 ms queue timeout;
+    # the closed loop (16 users, two batches of 8) keeps toy_slow at least half busy
+    assert capacity.errors <= 0.05 * capacity.count, capacity
+    assert capacity_rps > 0.5 * SLOW_CAPACITY_RPS, (capacity_rps, SLOW_CAPACITY_RPS)
     # the target is 0.8; two instances measured 0.68-1.0 over runs here (the stall still
     # hits now and then), one instance 0.36-0.46: the bar sits between the two ranges, with
     # room for a loaded CI machine
@@ -134,73 +144,100 @@ def _failures_by_reason(server, model: str) -> dict[str, float]:
             for line in text.splitlines() if line.startswith(prefix)}
 
 
-def test_text_overload_is_refused_in_the_server_before_tokenizing_and_the_encoder_keeps_serving(
-    triton_server,
+@pytest.fixture(scope="module")
+def guarded_server(built_repository, tmp_path_factory):
+    """The built repository served as ``tools serve`` serves it: both guards in front."""
+    server = EmbeddedServer(built_repository, exit_timeout_s=10, http_guard=GuardLimits(),
+                            grpc_guard=MAX_MESSAGE_BYTES,
+                            log_path=tmp_path_factory.mktemp("guarded") / "tritonserver.log")
+    server.start(timeout_s=300)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _objective_ms(name: str) -> float:
+    """The P99 objective the build rendered for ``name`` (from the SLO file)."""
+    return objectives(load_spec(paths.SPEC_FILE).for_target("cpu"), "cpu")[name]
+
+
+def _bodies(scenario: str, count: int, max_length: int | None = None) -> list[bytes]:
+    return scenario_bodies(paths.SPEC_FILE, scenario, count, max_length)
+
+
+def test_text_overload_is_refused_by_the_guard_and_keeps_the_accepted_p99_within_the_slo(
+    guarded_server,
 ):
-    texts = [{"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [t]}]}
-             for t in load_texts()[:200]]
-    closed = faults.HttpLoad(triton_server.http_url, "text_embedding", texts, timeout_s=10)
-    start = time.monotonic()
-    closed.run(users=32, duration_s=7)
-    capacity = summarize(closed.records, Window(start + 2, start + 7))
-    capacity_rps = capacity.ok / capacity.window.length_s
-    encoder_before = _failures_by_reason(triton_server, "minilm_encoder")
-
-    opened = faults.HttpLoad(triton_server.http_url, "text_embedding", texts, timeout_s=10)
-    roles = faults.roles(triton_server.pid, os.getpid())
-    before = {k: faults.sample(v) for k, v in roles.items()}
-    start = time.monotonic()
-    opened.run(rate=4 * capacity_rps, duration_s=7, connections=256)
-    cores = faults.cpu_share(before, {k: faults.sample(v) for k, v in roles.items()},
-                             time.monotonic() - start)
-    over = summarize(opened.records, Window(start + 2, start + 7))
-    goodput_rps = over.ok / over.window.length_s
-    refused = [r for r in opened.records if not r.ok]
-
-    assert capacity.errors == 0 and capacity_rps > 40, (capacity.error_kinds, capacity_rps)
-    # While the tokenizer's gate holds a batch (the encoders hold 64 queued requests), the
-    # requests behind it wait in text_tokenizer's own queue, and Triton refuses what exceeds
-    # that queue (64) in the server, before the stub sees it; what waits there past its 1 s
-    # times out; the gate itself refuses only what is still without room after 500 ms.
-    by_queue = [r for r in refused if "Exceeds maximum queue size" in r.error]
-    by_timeout = [r for r in refused if "Request timeout expired" in r.error]
-    by_gate = [r for r in refused if "overloaded: minilm_encoder" in r.error]
+    server = guarded_server
+    objective = _objective_ms("text_embedding")
+    encoder_before = _failures_by_reason(server, "minilm_encoder")
+    run = overload_run(server.http_url, server.triton_http_url, "text_embedding",
+                       _bodies("text_embedding", 200), server.pid, server.models, [4.0],
+                       users=32, duration_s=9, warmup_s=3)
+    over = run.points[0]
     encoder_failures = {k: v - encoder_before.get(k, 0)
-                        for k, v in _failures_by_reason(triton_server, "minilm_encoder").items()}
-    assert refused and all("HTTP 503" in r.error for r in refused), {r.error for r in refused}
-    assert len(by_queue) + len(by_timeout) + len(by_gate) == len(refused), {r.error for r in refused}
-    assert len(by_queue) >= 0.7 * len(refused), (len(by_queue), len(by_timeout), len(by_gate))
+                        for k, v in _failures_by_reason(server, "minilm_encoder").items()}
+    print(f"capacity {run.capacity.accepted_rps:.1f} req/s; 4x: {over.accepted_rps:.1f} req/s "
+          f"(goodput {run.goodput(over):.2f}), P99 {over.p99_ms:.0f} ms, refused {over.refused}, "
+          f"cores {over.cores}")
+
+    # capacity: a closed loop on tritonserver's own port (the first step's gate may refuse a
+    # stray request of it on a slow machine)
+    assert sum(run.capacity.refused.values()) <= 0.01 * run.capacity.counted, run.capacity
+    # the guard refuses what is over the pipeline's latency cap at once, before tritonserver
+    # parses it: the refusals are the guard's, none reaches a stub
+    refused = sum(over.refused.values())
+    assert refused and over.refused.get("guard", 0) >= 0.9 * refused, over.refused
     assert not any(encoder_failures.values()), encoder_failures
-    assert latency_summary([r.latency_ms for r in by_queue]).p50_ms < 100, "refused at once"
-    # The goodput ratio is a benchmark figure (scripts/reliability_soak.py: 0.59-0.84 over runs
-    # on this shared 2-core machine, README), not a bar for a 7 s test run: CI runs measured
-    # 0.47-0.69. What shows the gate at work are the refusal counts above; this only checks
-    # that the encoder kept serving through the overload (a stalled batcher or a dead stub
-    # serves next to nothing).
-    print(f"goodput {goodput_rps:.1f} of {capacity_rps:.1f} req/s = {goodput_rps / capacity_rps:.2f}; "
-          f"cores {cores}")
-    assert goodput_rps >= 0.25 * capacity_rps, (goodput_rps, capacity_rps, cores)
-    # accepted P99: the tokenizer's queue and hold (at most 500 ms), then at most 64
-    # queued and 4 prefetched batches at the encoders
-    assert over.latency.p99_ms < 2500, over.latency
+    # the point of admission by latency: what is accepted is answered within the SLO, and
+    # refusing the excess keeps the throughput (both ratios of this run: capacity, then 4x)
+    assert run.misses(objective) == [], (run.misses(objective), over.cores, run.capacity)
 
 
-def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(server_factory, repository):
+def test_a_direct_call_to_the_encoder_is_bounded_by_the_guard_refused_with_retry_after(
+    guarded_server,
+):
+    # minilm_encoder has no queue policy (so Triton prefetches its batches): without the guard's
+    # cap, requests sent straight to it queue without bound
+    server = guarded_server
+    objective = _objective_ms("minilm_encoder")
+    bodies = _bodies("minilm_encoder", 100, max_length=64)  # as long as the shipped texts' tokens
+    run = overload_run(server.http_url, server.triton_http_url, "minilm_encoder", bodies,
+                       server.pid, server.models, [4.0], users=16, duration_s=9, warmup_s=3)
+    over = run.points[0]
+    print(f"encoder capacity {run.capacity.accepted_rps:.1f} req/s; 4x: {over.accepted_rps:.1f} "
+          f"req/s (goodput {run.goodput(over):.2f}), P99 {over.p99_ms:.0f} ms, refused "
+          f"{over.refused}")
+    # a burst past the cap (about target x rate in flight) gets the hint with its refusals
+    heads = burst_heads(server.http_url, faults.infer_request(server.http_url, "minilm_encoder",
+                                                              bodies[0]), 256)
+    refusals = [h for h in heads if h.startswith(b"HTTP/1.1 503")]
+
+    assert over.refused.get("guard", 0) > 0 and set(over.refused) <= {"guard"}, over.refused
+    assert run.misses(objective) == [], (run.misses(objective), over.cores, run.capacity)
+    assert refusals and all(b"\r\nRetry-After: " in h for h in refusals), heads[:3]
+
+
+def test_sigterm_drains_every_in_flight_request_of_keep_alive_clients(
+    server_factory, repository, toy_started
+):
     server = server_factory(repository, exit_timeout_s=10)
     regions = process.stub_shm_regions(server.pid)
     pid = server.pid
     load = faults.HttpLoad(server.http_url, "toy_double", [_double(1000.0)], timeout_s=15)
-    load.start(users=8, duration_s=4)
-    time.sleep(1.5)  # every user holds a request in flight on its keep-alive connection
+    load.start(users=8, duration_s=4)  # keeps sending while the server drains: not longer
+    wait_until(lambda: in_flight(server.metrics_url, "toy_double", toy_started) >= 8, 3.5,
+               "every user to hold a request in flight (queued or executing in toy_double)")
 
     stopping_at = time.monotonic()
     server.stop()
     stopped_after = time.monotonic() - stopping_at
     records = load.join(timeout_s=0)
 
-    in_flight = [r for r in records if r.start_s < stopping_at]
-    assert len(in_flight) >= 8
-    assert [r.error for r in in_flight if not r.ok] == []
+    sent_before_stop = [r for r in records if r.start_s < stopping_at]
+    assert len(sent_before_stop) >= 8
+    assert [r.error for r in sent_before_stop if not r.ok] == []
     assert stopped_after < 10, "drained well before the exit timeout"
     assert not process.is_alive(pid) and process.group_members(pid) == []
     assert [n for n in regions if (Path("/dev/shm") / n).exists()] == []

@@ -40,6 +40,7 @@ from tools.serve.recovery import (
     metrics_text,
     status_json,
 )
+from waits import wait_until
 
 pytestmark = pytest.mark.reliability
 
@@ -108,14 +109,6 @@ class _Watcher:
         return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in lines if not l.startswith("#"))}
 
 
-def _wait_for(condition, timeout_s: float, what) -> None:
-    """Poll ``condition`` every 50 ms until true; fail with ``what()`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.05)
-
-
 def _first_ok_after(records, t: float) -> float | None:
     starts = [r.start_s for r in records if r.ok and r.start_s > t]
     return min(starts) - t if starts else None
@@ -136,8 +129,8 @@ def test_a_killed_stub_reloads_only_its_model_while_another_model_under_load_nev
     pipeline = HttpLoad(server.http_url, "toy_pipeline", [DOUBLE], CLIENT_TIMEOUT_S).start(
         users=4, duration_s=8)
     untouched = {i: p for i, p in server.control.stub_processes().items() if not i.startswith("toy_double")}
-    _wait_for(lambda: _ok(other.records) >= 20 and _ok(pipeline.records) >= 20, 10,
-              lambda: "the loads did not get going")
+    wait_until(lambda: _ok(other.records) >= 20 and _ok(pipeline.records) >= 20, 10,
+               "both loads to get 20 answers each")
 
     killed_at = time.monotonic()
     os.kill(server.control.stub_processes()["toy_double_0_0"], signal.SIGKILL)
@@ -177,18 +170,22 @@ def test_a_model_that_keeps_crashing_backs_off_and_a_retry_brings_it_back_while_
     source = model_py.read_text()
     try:
         for death in range(3):
-            _wait_for(lambda: "toy_double_0_0" in watcher.recovery.stubs
-                      and len(watcher.events) == death, 15, lambda: watcher.events)
+            wait_until(lambda: "toy_double_0_0" in watcher.recovery.stubs
+                       and len(watcher.events) == death, 15,
+                       lambda: f"a live toy_double stub after {death} deaths; events {watcher.events}")
             os.kill(watcher.recovery.stubs["toy_double_0_0"], signal.SIGKILL)
-            _wait_for(lambda: len(watcher.events) > death, 15, lambda: watcher.events)
+            wait_until(lambda: len(watcher.events) > death, 15,
+                       lambda: f"the watcher to see death {death + 1}; events {watcher.events}")
         # while it is unloaded its code breaks: the first retry fails with Triton's reason
         model_py.write_text('raise RuntimeError("broken on purpose")\n')
         in_backoff, metrics_down = watcher.status(), watcher.metrics()
         ready_down = {m: _ready(server, m) for m in ("toy_double", "toy_pipeline", "toy_text")}
-        _wait_for(lambda: len(watcher.events) > 3, 15, lambda: watcher.events)
+        wait_until(lambda: len(watcher.events) > 3, 15,
+                   lambda: f"the first retry of the broken model; events {watcher.events}")
         failed_retry = watcher.status()["toy_double"]
         model_py.write_text(source)
-        _wait_for(lambda: len(watcher.events) > 4, 30, lambda: (watcher.events, watcher.status()))
+        wait_until(lambda: len(watcher.events) > 4, 30, lambda: "a retry of the mended model; "
+                   f"events {watcher.events}, status {watcher.status()}")
         back, metrics_up = watcher.status(), watcher.metrics()
         answer = _infer_double(server)
     finally:
@@ -220,7 +217,7 @@ def test_a_model_that_keeps_crashing_backs_off_and_a_retry_brings_it_back_while_
     assert metrics_up['triton_forge_model_restarts_total{model="toy_double"}'] == 4
     assert metrics_up['triton_forge_model_restart_failures_total{model="toy_double"}'] == 1
     assert answer == [2.0, 4.0, 6.0, 8.0]
-    assert server.control.health().healthy
+    assert server.control.health(server.models).healthy
     assert len(records) > 50 and [r for r in records if not r.ok] == []
 
 
@@ -248,15 +245,17 @@ def test_tools_serve_retries_a_model_past_its_budget_and_reports_it_on_its_statu
     threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()
     url = f"http://127.0.0.1:{forge}"
     try:
-        _wait_for(lambda: any(l.startswith("status ") for l in lines), 120, lambda: errors)
+        wait_until(lambda: any(l.startswith("status ") for l in lines), 120,
+                   lambda: f"tools serve to print its status endpoint; stderr {errors}")
         (server_pid,) = [int(l.split()[3].rstrip(",")) for l in lines if l.startswith("tritonserver ready")]
         state = lambda: json.loads(urllib.request.urlopen(f"{url}/status", timeout=5).read())  # noqa: E731
         ready_before = state()
         os.kill(process.stub_processes(server_pid)["toy_text_0_0"], signal.SIGKILL)
-        _wait_for(lambda: state()["models"]["toy_text"]["state"] == "backoff", 20,
-                  lambda: (state(), errors))
+        wait_until(lambda: state()["models"]["toy_text"]["state"] == "backoff", 20,
+                   lambda: f"toy_text in backoff; status {state()}, stderr {errors}")
         in_backoff = state()
-        _wait_for(lambda: state()["ready"], 20, lambda: (state(), errors))
+        wait_until(lambda: state()["ready"], 20,
+                   lambda: f"every model ready again; status {state()}, stderr {errors}")
         back = state()
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=60)

@@ -25,6 +25,7 @@ import tritonclient.http as httpclient
 from click.testing import CliRunner
 
 from server_helpers import fake_tritonserver
+from waits import arrived, wait_until
 from tools import process
 from tools.cli import cli
 
@@ -183,7 +184,7 @@ def test_serve_refuses_a_broken_model_with_the_servers_reason_in_one_line(toy_re
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_leaves_no_process_behind(
-    serve_process, toy_repository
+    serve_process, toy_repository, toy_started
 ):
     serve = serve_process("--repository", str(toy_repository), *FREE_PORTS, "--exit-timeout", "20")
     server_pid = int(serve.endpoints["pid"])
@@ -208,7 +209,10 @@ def test_sigterm_lets_in_flight_requests_finish_and_leaves_no_process_behind(
     ]
     for thread in threads:
         thread.start()
-    time.sleep(0.7)  # the requests are now sleeping inside the model
+    metrics = serve.endpoints["metrics"].removeprefix("http://").removesuffix("/metrics")
+    wait_until(lambda: arrived(metrics, "toy_double", toy_started) == len(inputs), 30,
+               lambda: f"all {len(inputs)} requests to reach toy_double (queued or executing); "
+                       f"results so far {results}")
     serve.proc.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(timeout=60)

@@ -22,6 +22,7 @@ import tritonclient.http as httpclient
 from tools.serve import faults
 from tools.serve.http_guard import GuardLimits, shape_problem
 from tools.net import free_ports, port_in_use
+from waits import read_by_peer, wait_until
 
 pytestmark = pytest.mark.reliability
 
@@ -147,7 +148,8 @@ def test_large_bodies_beyond_the_budget_and_slow_senders_are_refused_while_other
         sock = _connect(server.http_url)
         sock.sendall(_head(server.http_url, size) + b"{" * 10)
         holders.append(sock)
-    time.sleep(0.3)
+    wait_until(lambda: all(read_by_peer(sock) for sock in holders), 10,
+               "the guard to read the three stalled heads (their bodies hold the budget)")
     try:
         status, _, body = _exchange(server.http_url, _head(server.http_url, size))
         assert status == 503 and "retry later" in json.loads(body)["error"], body
@@ -278,9 +280,8 @@ def test_the_wrapper_moves_only_http_behind_the_guard(tmp_path, flags, metrics):
     env = {**os.environ, "TRITONSERVER_CPU_BINARY": str(fake), "TRITON_FORGE_HOME": str(tmp_path)}
     subprocess.run(["sh", str(root / "docker" / "tritonserver-cpu.sh"), "--model-repository=/m",
                     *flags, "--http-max-input-size=16777216"], env=env, check=True, timeout=30)
-    deadline = time.monotonic() + 10  # the guard runs in the background
-    while not (tmp_path / "record.guard").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until((tmp_path / "record.guard").exists, 10, "the guard, started in the background, "
+               "to write its arguments")
     server = (tmp_path / "record.server").read_text().split()
     guard_args = (tmp_path / "record.guard").read_text().split()
     assert server[:1] == ["--model-repository=/m"] and "--http-max-input-size=16777216" not in server

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import sysconfig
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -32,6 +31,7 @@ from tools.serve.server import (
     OPEN_ADMIN_ENV,
     EmbeddedServer,
 )
+from waits import wait_until
 
 pytestmark = pytest.mark.server
 
@@ -256,8 +256,9 @@ def test_health_check_fails_naming_the_model_whose_stub_died_while_readiness_sta
     server_factory, toy_repository
 ):
     server = server_factory(toy_repository, exit_timeout_s=2)
-    os.kill(server.control.stub_processes()["toy_text_0_0"], signal.SIGKILL)
-    time.sleep(0.5)
+    stub = server.control.stub_processes()["toy_text_0_0"]
+    os.kill(stub, signal.SIGKILL)
+    wait_until(lambda: not process.is_alive(stub), 10, f"the killed toy_text stub {stub} to be gone")
 
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/toy_text/ready") as resp:
         assert resp.status == 200  # the trap: Triton 2.51 still reports the model ready

@@ -12,7 +12,7 @@ import pytest
 
 from tools.build_repo.spec import load_spec
 from tools.errors import SpecError, UserInputError
-from tools.loadtest.slo import load_slo
+from tools.slo import load_slo
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC_TEXT = (REPO_ROOT / "repository.yaml").read_text(encoding="utf-8")

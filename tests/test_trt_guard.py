@@ -245,9 +245,9 @@ def test_refusal_rebuilds_into_the_folder_the_gpu_triton_serves(tmp_path):
     triton = _compose_service(files, "triton")
     args = everything[everything.index("builder") + 1:]
     assert "--force" in args, "the spec is unchanged: without --force every model is skipped"
-    output = args[args.index("--output") + 1]
+    output = args[args.index("--repository") + 1]
     assert args[:2] == ["tools", "build-repo"] and args[args.index("--target") + 1] == "gpu"
-    assert output == builder["command"][builder["command"].index("--output") + 1]
+    assert output == builder["command"][builder["command"].index("--repository") + 1]
     (mount,) = [v for v in builder["volumes"] if output.startswith(v["target"] + "/")]
     (served,) = [v for v in triton["volumes"] if v["target"] == "/models"]
     assert f"{mount['source']}{output[len(mount['target']):]}" == served["source"]

@@ -43,7 +43,7 @@ def test_a_scenario_with_targets_but_no_pipeline_in_the_spec_is_a_usage_error(tm
     targets = "{p99_ms: 100, max_error_ratio: 0.0, min_throughput_rps: 1}"
     slo.write_text(f"profiles:\n  cpu:\n    scenarios:\n      ghost:\n        load: {{users: 1}}\n"
                    f"        http: {targets}\n        grpc: {targets}\n")
-    result = _tune(tmp_path, "--scenario", "ghost", "--slo", str(slo))
+    result = _tune(tmp_path, "--scenario", "ghost", "--slo-file", str(slo))
     assert result.exit_code == 2 and "--scenario ghost: not a pipeline or model" in result.output
 
 
@@ -57,7 +57,7 @@ def test_a_scenario_without_an_slo_entry_needs_p99_ms(tmp_path):
 def test_p99_ms_alone_is_enough_for_a_scenario_without_an_slo_entry(tmp_path):
     # Past the SLO, the next check is the baseline: the targets were accepted.
     result = _tune(tmp_path, "--scenario", "image_classification", "--p99-ms", "800",
-                   "--slo", str(tmp_path / "no-slo.yaml"), "--repository", str(tmp_path / "none"))
+                   "--slo-file", str(tmp_path / "no-slo.yaml"), "--repository", str(tmp_path / "none"))
     assert result.exit_code == 2 and "tools build-repo" in result.output, result.output
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,35 +17,23 @@ from typing import Any
 import click
 import numpy as np
 
-from tools.command import ToolCommand
+from tools.command import ToolCommand, grpc_url_option, protocol_option, url_option
 from tools.errors import InferenceError, UserInputError
+from tools.net import check_host_port
 
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
 _FLOAT_TYPES = ("FP16", "FP32", "FP64", "BF16")
-_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]+)$")
 
 
 def check_url(url: str, protocol: str) -> str:
     """``url`` stripped of surrounding blanks if it is ``host:port``, as tritonclient expects.
 
     Raises:
-        UserInputError: a scheme (``http://``), a path, a missing or non-numeric port, or a
-            port outside 1-65535; the message shows the form expected.
+        UserInputError: not ``host:port`` (``tools.net.check_host_port``), naming the option of
+            ``protocol``'s endpoint (``--url`` for HTTP, ``--grpc-url`` for gRPC).
     """
-    text = url.strip()
-    example = DEFAULT_URLS.get(protocol, DEFAULT_URLS["http"])
-    if "://" in text:
-        scheme, _, rest = text.partition("://")
-        raise UserInputError(
-            f"--url {url!r}: give host:port without the {scheme}:// scheme "
-            f"(e.g. {rest.split('/')[0] or example}); the protocol is chosen with --protocol"
-        )
-    match = _HOST_PORT.match(text)
-    if not match or not 0 < int(match.group("port")) < 65536:
-        raise UserInputError(
-            f"--url {url!r} is not host:port with a port from 1 to 65535 (e.g. {example})"
-        )
-    return text
+    option = "--grpc-url" if protocol == "grpc" else "--url"
+    return check_host_port(url, option, DEFAULT_URLS.get(protocol, DEFAULT_URLS["http"]))
 
 
 @dataclass(frozen=True)
@@ -395,6 +382,21 @@ def as_json(result: InferResult) -> str:
     )
 
 
+def endpoint(protocol: str, url: str | None, grpc_url: str | None) -> str:
+    """The endpoint ``protocol`` uses: ``--url`` (HTTP) or ``--grpc-url`` (gRPC), else its default.
+
+    ``--url`` with ``--protocol grpc`` and no ``--grpc-url`` is the old spelling (``--url`` was
+    the endpoint of the protocol chosen): it is read as ``--grpc-url``, with a note.
+    """
+    if protocol == "http":
+        return url or DEFAULT_URLS["http"]
+    if grpc_url is None and url is not None:
+        click.echo("note: tools infer --protocol grpc --url is now --grpc-url (--url is the HTTP "
+                   "endpoint; the old use still works)", err=True)
+        return url
+    return grpc_url or DEFAULT_URLS["grpc"]
+
+
 @click.command("infer", cls=ToolCommand)
 @click.argument("model")
 @click.option(
@@ -414,12 +416,9 @@ def as_json(result: InferResult) -> str:
     metavar="NAME=JSON",
     help="Any input as JSON, e.g. --input INPUT0=[1,2,3]; the batch axis is added if missing.",
 )
-@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
-@click.option(
-    "--url",
-    default=None,
-    help="host:port of the server [default: 127.0.0.1:8000 (http), :8001 (grpc)].",
-)
+@protocol_option(["http", "grpc"], "http", "Client protocol: which endpoint gets the request.")
+@url_option("the server (with --protocol http).", show_default=DEFAULT_URLS["http"])
+@grpc_url_option("the server (with --protocol grpc).", show_default=DEFAULT_URLS["grpc"])
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
@@ -435,6 +434,7 @@ def infer(
     raw: tuple[str, ...],
     protocol: str,
     url: str | None,
+    grpc_url: str | None,
     timeout: float,
     json_output: bool,
 ) -> None:
@@ -446,7 +446,7 @@ def infer(
       tools infer image_classification --image cat.jpg --protocol grpc
       tools infer minilm_encoder --input input_ids=[101,2023,102] --input attention_mask=[1,1,1]
     """
-    client = Client(url or DEFAULT_URLS[protocol], protocol, timeout)
+    client = Client(endpoint(protocol, url, grpc_url), protocol, timeout)
     try:
         spec = client.model_spec(model)
         result = client.infer(spec, build_inputs(spec, texts=texts, images=images, raw=raw))

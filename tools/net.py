@@ -6,12 +6,42 @@ Every server this project starts (tritonserver, its guards, Locust, the servers 
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 
-from tools.errors import ServerError
+from tools.errors import ServerError, UserInputError
 
 LOOPBACK = "127.0.0.1"
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]+)$")
+
+
+def check_host_port(text: str, option: str, example: str) -> str:
+    """``text`` stripped of surrounding blanks if it is ``host:port``, as tritonclient expects.
+
+    Args:
+        text: The endpoint given.
+        option: The option it was given with (``--url``, ``--grpc-url``), for the message.
+        example: An endpoint of the right form, shown in the message.
+
+    Raises:
+        UserInputError: a scheme (``http://``), a path, a missing or non-numeric port, or a
+            port outside 1-65535; the message shows the form expected.
+    """
+    value = text.strip()
+    if "://" in value:
+        scheme, _, rest = value.partition("://")
+        raise UserInputError(
+            f"{option} {text!r}: give host:port without the {scheme}:// scheme "
+            f"(e.g. {rest.split('/')[0] or example}); --url is the HTTP endpoint, --grpc-url "
+            f"the gRPC one"
+        )
+    match = _HOST_PORT.match(value)
+    if not match or not 0 < int(match.group("port")) < 65536:
+        raise UserInputError(
+            f"{option} {text!r} is not host:port with a port from 1 to 65535 (e.g. {example})"
+        )
+    return value
 
 
 def port_in_use(port: int, host: str = LOOPBACK) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from pydantic.json_schema import JsonSchemaValue
 
 from tools import paths
 from tools.build_repo.spec import REPOSITORY_YAML
-from tools.loadtest.slo import SLO_YAML
+from tools.slo import SLO_YAML
 from tools.typed_yaml import NAME_PATTERN, REFERENCE_PATTERN, json_schema
 
 ROOT = paths.CHECKOUT
@@ -63,6 +64,28 @@ def schema_text(schema: JsonSchemaValue) -> str:
 # --------------------------------------------------------------------------- docs tables
 
 
+def fill_blocks(text: str, tables: Mapping[str, Callable[[], str]], doc: str) -> str:
+    """``text`` with every ``<!-- BEGIN GENERATED: name -->`` block replaced by ``tables[name]()``.
+
+    Raises:
+        ValueError: a block names no known table, or a known table has no block (naming ``doc``).
+    """
+    seen = set()
+
+    def table(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in tables:
+            raise ValueError(f"{doc}: unknown generated block {name!r} (known: {list(tables)})")
+        seen.add(name)
+        return match[1] + tables[name]() + match[3]
+
+    out = _BLOCK.sub(table, text)
+    missing = sorted(set(tables) - seen)
+    if missing:
+        raise ValueError(f"{doc}: no generated block for {missing}")
+    return out
+
+
 def spec_doc(text: str) -> str:
     """``docs/spec.md`` with every generated block replaced by the table the schema gives.
 
@@ -70,24 +93,12 @@ def spec_doc(text: str) -> str:
         ValueError: a block names no known table, or a known table has no block.
     """
     schema = repository_schema()
-    seen = set()
 
-    def table(match: re.Match[str]) -> str:
-        name = match["name"]
-        if name not in DOC_TABLES:
-            raise ValueError(
-                f"{SPEC_DOC}: unknown generated block {name!r} (known: {list(DOC_TABLES)})"
-            )
-        seen.add(name)
-        definition = DOC_TABLES[name]
+    def table(definition: str | None) -> Callable[[], str]:
         node = schema if definition is None else schema["$defs"][definition]
-        return match[1] + fields_table(node, schema, expand=definition is not None) + match[3]
+        return lambda: fields_table(node, schema, expand=definition is not None)
 
-    out = _BLOCK.sub(table, text)
-    missing = sorted(set(DOC_TABLES) - seen)
-    if missing:
-        raise ValueError(f"{SPEC_DOC}: no generated block for {missing}")
-    return out
+    return fill_blocks(text, {name: table(d) for name, d in DOC_TABLES.items()}, SPEC_DOC)
 
 
 def fields_table(node: JsonSchemaValue, root: JsonSchemaValue, *, expand: bool = True) -> str:
@@ -237,18 +248,20 @@ def generated(root: Path = ROOT) -> dict[Path, str]:
     }
 
 
-def stale(root: Path = ROOT) -> list[Path]:
-    """The generated files whose committed content differs from what the models give."""
+def stale(root: Path = ROOT, files: Mapping[Path, str] | None = None) -> list[Path]:
+    """The generated files (``files``, default ``generated(root)``) whose committed content
+    differs from what they are generated from."""
     return [
-        path for path, text in generated(root).items()
+        path for path, text in (generated(root) if files is None else files).items()
         if not path.is_file() or path.read_text(encoding="utf-8") != text
     ]
 
 
-def write_schemas(root: Path = ROOT) -> list[Path]:
-    """Write the JSON Schemas and the docs tables made from them; returns the files that changed."""
+def write_schemas(root: Path = ROOT, files: Mapping[Path, str] | None = None) -> list[Path]:
+    """Write the JSON Schemas and the docs tables made from them (``files``, default
+    ``generated(root)``); returns the files that changed."""
     changed = []
-    for path, text in generated(root).items():
+    for path, text in (generated(root) if files is None else files).items():
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")

@@ -14,7 +14,7 @@ from tools.add import recipes
 from tools.add.spec_file import write_spec
 from tools.build_repo.spec import load_spec
 from tools.errors import UserInputError
-from tools.loadtest.slo import plan_new_scenario, slo_file_for
+from tools.slo import plan_new_scenario, slo_file_for
 
 
 def _floats(option: str, text: str | None) -> tuple[float, ...] | None:

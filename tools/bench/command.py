@@ -8,16 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
-
 from tools import paths
 from tools.bench import report
 from tools.bench.sweep import BenchPlan, run_bench
-from tools.command import ToolCommand
+from tools.bench.targets import DEFAULT_PIPELINES
+from tools.command import (ToolCommand, data_option, grpc_url_option, option, protocol_option,
+                           scenario_names, spec_option, url_option)
 from tools.errors import UserInputError
 
 DEFAULT_TEXTS = paths.TEXTS_FILE
-DEFAULT_PIPELINES = "text_embedding,text_embedding_int8,text_embedding_bf16"
 
 
 def _ints(value: str, option: str) -> list[int]:
@@ -30,42 +29,30 @@ def _ints(value: str, option: str) -> list[int]:
     return out
 
 
-def _texts(path: Path) -> tuple[str, ...]:
-    if not path.is_file():
-        raise UserInputError(f"texts file {path} not found")
-    texts = tuple(t for t in path.read_text(encoding="utf-8").splitlines() if t.strip())
-    if not texts:
-        raise UserInputError(f"texts file {path} has no texts")
-    return texts
-
-
 @click.command("bench", cls=ToolCommand)
-@click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("model_repository"), show_default=True,
-              help="Built repository: the in-process limit reads its files and settings.")
-@click.option("--url", help="HTTP host:port of a running server on the same repository "
-              "(with --grpc-url; default: start the embedded server).")
-@click.option("--grpc-url", help="gRPC host:port of that server.")
-@click.option("--texts", "texts_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_TEXTS, show_default="loadtests/data/texts.txt of this project",
-              help="One text per line.")
-@click.option("--pipelines", default=DEFAULT_PIPELINES, show_default=True,
-              help="Pipelines or models of the repository to measure side by side; string "
-              "inputs get the texts, an IMAGE input the shipped photos. Of the default ones, "
-              "those the repository lacks are skipped with a note; a name given here that it "
-              "lacks is an error.")
-@click.option("--batch-sizes", default="1,8,32", show_default=True,
-              help="In-process batch sizes.")
-@click.option("--concurrency", default="1,8,32", show_default=True,
-              help="Served concurrency sweep (1 gives the tail ratio its reference).")
-@click.option("--protocol", type=click.Choice(["grpc", "http", "both"]), default="both",
-              show_default=True)
-@click.option("--duration", type=click.FloatRange(min=1), default=15.0, show_default=True,
-              help="Measured seconds per served point.")
-@click.option("--warmup", type=click.FloatRange(min=0), default=3.0, show_default=True,
-              help="Unmeasured seconds before each served point.")
-@click.option("--min-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="In-process: repeat passes over the texts for at least this long.")
+@spec_option("The spec each pipeline's load is derived from (as tools loadtest's).")
+@option("--repository", type=click.Path(file_okay=False, path_type=Path),
+        default=Path("model_repository"), show_default=True,
+        help="Repository built from the spec: the in-process limit reads its files and settings.")
+@url_option("a running server on the same repository (with --grpc-url; default: start the "
+            "embedded server).")
+@grpc_url_option("that server.")
+@data_option(old_names=("--texts",))
+@option("--scenario", "scenarios", multiple=True, metavar="NAME", old_names=("--pipelines",),
+        help="Pipeline or model of the spec to measure, side by side (repeatable, or "
+        f"comma-separated) [default: {', '.join(DEFAULT_PIPELINES)} where the spec has them "
+        "(those the repository lacks are skipped with a note), else every pipeline of the "
+        "spec]; each is sent its scenario, as tools loadtest sends it.")
+@option("--batch-sizes", default="1,8,32", show_default=True, help="In-process batch sizes.")
+@option("--concurrency", default="1,8,32", show_default=True,
+        help="Closed loop: requests in flight, a sweep (1 gives the tail ratio its reference).")
+@protocol_option(["http", "grpc", "both"], "both", "Client protocol; both sweeps gRPC, then HTTP.")
+@option("--duration", type=click.FloatRange(min=1), default=15.0, show_default=True,
+        help="Measured seconds per served point.")
+@option("--warmup", type=click.FloatRange(min=0), default=3.0, show_default=True,
+        help="Unmeasured seconds before each served point.")
+@option("--min-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
+        help="In-process: repeat passes over the texts for at least this long.")
 @click.option("--half-load/--no-half-load", default=True, show_default=True,
               help="After each protocol's sweep, an open loop at half of its best served "
               "throughput: its P99 over the P99 at c=1 is the tail ratio (target <= "
@@ -77,34 +64,40 @@ def _texts(path: Path) -> tuple[str, ...]:
 @click.option("--guard-cost", is_flag=True,
               help="Also sweep HTTP on tritonserver's own port around the guard, on the same "
               "server, and print through/around.")
-@click.option("--output", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("reports/bench"), show_default=True,
-              help="Folder for bench.json and bench.png.")
-def bench(repository: Path, url: str | None, grpc_url: str | None, texts_file: Path,
-          pipelines: str, batch_sizes: str, concurrency: str, protocol: str, duration: float,
-          warmup: float, min_seconds: float, half_load: bool, http_guard: bool | None,
-          guard_cost: bool, output: Path) -> None:
+@option("--output", type=click.Path(file_okay=False, path_type=Path),
+        default=Path("reports/bench"), show_default=True,
+        help="Folder for bench.json and bench.png.")
+def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | None,
+          data: Path | None, scenarios: tuple[str, ...], batch_sizes: str, concurrency: str,
+          protocol: str, duration: float, warmup: float, min_seconds: float, half_load: bool,
+          http_guard: bool | None, guard_cost: bool, output: Path) -> None:
     """Measure served pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
-    one; text_embedding_bf16: OpenVINO in bf16; or any pipeline or model of the repository):
+    one; text_embedding_bf16: OpenVINO in bf16; or any pipeline or model of the spec):
     (a) for a text pipeline (tokenizer -> encoder), its tokenizer and encoder from REPOSITORY,
     in this process, with the server's runtime settings, at each batch size (padded to the
     longest text of the batch, and also split into length chunks the way the served runner
-    does); (b) the pipeline over gRPC and HTTP with asyncio clients at each concurrency, one
-    text (or photo) per request, HTTP through the guard when tools serve would put one there;
-    then an open loop at half of the best served throughput (the tail ratio: its P99 over the
-    P99 at c=1, target <= 1.5). All use the same texts. The ratio column is throughput over
-    that pipeline's best in-process throughput; the side-by-side table puts each pipeline
-    against the first one on the same protocol.
+    does); (b) the pipeline over gRPC and HTTP with asyncio clients at each concurrency, its
+    scenario's requests (derived from the spec's inputs as tools loadtest derives them: texts,
+    photos, text pairs, generated tensors; --data replaces them), HTTP through the guard when
+    tools serve would put one there; then an open loop at half of the best served throughput
+    (the tail ratio: its P99 over the P99 at c=1, target <= 1.5). The in-process limit encodes
+    the texts the served requests carry. The ratio column is throughput over that pipeline's
+    best in-process throughput; the side-by-side table puts each pipeline against the first one
+    on the same protocol.
     """
     if bool(url) != bool(grpc_url):
         raise UserInputError("give both --url and --grpc-url, or neither (embedded server)")
-    source = click.get_current_context().get_parameter_source("pipelines")
+    names = scenario_names(scenarios)
+    if not names:
+        from tools.bench.targets import default_names
+        from tools.build_repo.spec import load_spec
+
+        names = default_names(load_spec(spec_path))
     plan = BenchPlan(
-        repository=repository, texts_file=texts_file, texts=_texts(texts_file),
-        pipelines=tuple(dict.fromkeys(p.strip() for p in pipelines.split(",") if p.strip())),
-        explicit=source is not ParameterSource.DEFAULT,
+        repository=repository, spec_path=spec_path, data=data, pipelines=names,
+        explicit=bool(scenarios),
         batch_sizes=tuple(_ints(batch_sizes, "--batch-sizes")),
         levels=tuple(_ints(concurrency, "--concurrency")),
         protocols=("grpc", "http") if protocol == "both" else (protocol,),

@@ -129,7 +129,7 @@ def pipeline_models(repository: Path, pipeline: str) -> tuple[str, str]:
     path = repository / pipeline / "config.pbtxt"
     if not path.is_file():
         raise UserInputError(f"{path} not found: no pipeline {pipeline!r} in {repository} "
-                             f"(build it first: tools build-repo --output {repository})")
+                             f"(build it first: tools build-repo --repository {repository})")
     steps = model_config(path).get("ensemble_scheduling", {}).get("step", [])
     if len(steps) != 2:
         raise UserInputError(f"pipeline {pipeline!r} has {len(steps)} steps; tools bench measures "
@@ -150,7 +150,7 @@ def read_setup(repository: Path, pipeline: str = PIPELINE) -> EncoderSetup:
     for d in (tok_dir, enc_dir):
         if not (d / "config.pbtxt").is_file():
             raise UserInputError(f"{d}/config.pbtxt not found: build the repository first "
-                                 f"(tools build-repo --output {repository})")
+                                 f"(tools build-repo --repository {repository})")
     return EncoderSetup(
         tokenizer_config=model_config(tok_dir / "config.pbtxt"),
         tokenizer_dir=tok_dir / VERSION,

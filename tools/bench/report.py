@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tools import paths
 from tools.bench.inprocess import LimitResult
 from tools.bench.sweep import UNGUARDED, BenchRun
 from tools.bench.targets import compute_model
@@ -268,6 +269,8 @@ def _pipeline_figures(run: BenchRun, name: str) -> dict[str, Any]:
     best = max(own, key=lambda r: r.throughput) if own else None
     top = max(closed, key=lambda s: s.throughput) if closed else None
     figures: dict[str, Any] = {"payload": target.payload, "steps": list(target.steps),
+                               "requests": len(target.requests),
+                               "load": target.scenario.describe(),
                                "limit": best.to_dict() if best else None,
                                "limit_na": run.limit_na.get(name, ""),
                                "best_served": served_row(top) if top else None,
@@ -297,14 +300,19 @@ def payload(run: BenchRun, table: str, variants: str) -> dict[str, Any]:
     plan = run.plan
     per_pipeline = {t.name: _pipeline_figures(run, t.name) for t in run.targets}
     first = per_pipeline[run.targets[0].name]
+    texts = next((t.texts for t in run.targets if t.texts), ())
+    texts_file = (plan.data if plan.data else paths.TEXTS_FILE) if texts else None
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "conditions": run.conditions,
         "repository": str(plan.repository.resolve()),
-        "texts_file": str(plan.texts_file.resolve()),
-        "texts": len(plan.texts),
+        "spec": str(plan.spec_path.resolve()),
+        "data": str(plan.data.resolve()) if plan.data else None,
+        # The texts of the first text pipeline (what its in-process limit encodes).
+        "texts_file": str(texts_file.resolve()) if texts_file else None,
+        "texts": len(texts),
         "pipelines": per_pipeline,
         "notes": run.notes,
         # The first pipeline's figures at the top level, as before several pipelines existed.

@@ -31,8 +31,10 @@ class BenchPlan:
     """What one bench run measures (the command's options, checked).
 
     Attributes:
-        repository: The built repository (its configs and files give the in-process limit).
-        texts_file: The texts' file; ``texts`` its non-blank lines.
+        repository: The repository built from the spec (its configs and files give the
+            in-process limit).
+        spec_path: The spec: each pipeline's requests are its scenario (``tools.load.scenario``).
+        data: Payloads instead of the shipped ones (``--data``), or None.
         pipelines: Pipelines or models to measure, in order; ``explicit`` when the user named
             them (an unknown one is then an error, not skipped).
         batch_sizes: In-process batch sizes.
@@ -49,8 +51,8 @@ class BenchPlan:
     """
 
     repository: Path
-    texts_file: Path
-    texts: tuple[str, ...]
+    spec_path: Path
+    data: Path | None
     pipelines: tuple[str, ...]
     explicit: bool
     batch_sizes: tuple[int, ...]
@@ -135,7 +137,7 @@ def _limits(run: BenchRun, say: Say) -> None:
             run.limit_na[target.name] = target.limit_na
             continue
         say(f"in-process limit of {setup.pipeline} ({setup.encoder}, {setup.onnx_file}, "
-            f"{setup.runtime}): {len(plan.texts)} texts, one session with "
+            f"{setup.runtime}): {len(target.texts)} texts, one session with "
             f"{setup.limit_threads} intra-op threads (served: {setup.instances} x "
             f"{setup.intra_op_threads}), max_length {setup.max_length}")
         try:
@@ -146,7 +148,7 @@ def _limits(run: BenchRun, say: Say) -> None:
             continue
         for size in plan.batch_sizes:
             for chunked in ([False, True] if (size > 1 and encoder.can_chunk) else [False]):
-                result = measure_limit(encoder, plan.texts, size, chunked=chunked,
+                result = measure_limit(encoder, target.texts, size, chunked=chunked,
                                        min_seconds=plan.min_seconds)
                 run.limits.append(result)
                 say(f"  {result.variant} b={size}: {result.throughput:.1f} texts/s")
@@ -191,16 +193,23 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
         say: Progress lines (stderr in the command).
 
     Raises:
-        UserInputError: unknown pipelines, or ``guard_cost`` without an embedded guarded server.
+        UserInputError: the spec is invalid, a pipeline is unknown or not built, ``data`` does not
+            fit one, or ``guard_cost`` is asked without an embedded guarded server.
     """
     if plan.guard_cost and (plan.url or plan.http_guard is False):
         raise UserInputError("--guard-cost measures around the guard of the embedded server: "
                              "leave out --url/--grpc-url and --no-http-guard")
-    targets, notes = resolve(plan.repository, plan.pipelines, plan.texts,
-                             explicit=plan.explicit)
+    from tools.build_repo.spec import load_spec
+
+    targets, notes = resolve(plan.repository, load_spec(plan.spec_path), plan.pipelines,
+                             plan.data, explicit=plan.explicit)
     run = BenchRun(plan, targets, notes=notes, started=time.time())
     for note in notes:
         say(note)
+    for target in targets:
+        say(f"{target.name}: {len(target.requests)} distinct requests")
+        for line in target.scenario.describe():
+            say(f"  {line}")
     plan.output.mkdir(parents=True, exist_ok=True)
     _limits(run, say)
     run.conditions["load_average_start"] = round(os.getloadavg()[0], 2)

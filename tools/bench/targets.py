@@ -1,9 +1,10 @@
-"""What ``tools bench`` measures for each pipeline of a built repository, read from its configs.
+"""What ``tools bench`` measures for each pipeline: its scenario from the spec, its limit from
+the built repository.
 
-Any model or pipeline of the repository can be served and swept: its requests are derived from
-its inputs (texts for string inputs, the shipped photos for an ``IMAGE`` input). The in-process
-limit is derived where it can be: text pipelines of two steps (tokenizer -> encoder); other
-pipelines say why not.
+The requests are the scenario of ``tools.load.scenario`` (the spec's typed inputs and the backend
+that consumes each, as ``tools loadtest`` and ``tools tune`` send them; ``--data`` replaces the
+shipped payloads). The in-process limit is derived from the repository where it can be: text
+pipelines of two steps (tokenizer -> encoder); other pipelines say why not.
 """
 
 from __future__ import annotations
@@ -13,42 +14,59 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tools import paths
 from tools.bench.inprocess import EncoderSetup, model_config, pipeline_models, read_setup
 from tools.errors import UserInputError
 from tools.load import Request
+from tools.load.scenario import InputKind, Scenario, build_scenario, scenario_names
 
-IMAGES_DIR = paths.IMAGES_DIR
-_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
-_STRING = "TYPE_STRING"
+# The shipped spec's text variants, measured side by side when no --scenario is given.
+DEFAULT_PIPELINES = ("text_embedding", "text_embedding_int8", "text_embedding_bf16")
+_PAYLOADS = {InputKind.TEXT: "texts", InputKind.IMAGE: "images", InputKind.TENSOR: "tensors"}
 
 
 @dataclass(frozen=True)
 class Target:
-    """One pipeline (or model) of the repository, as the bench will measure it.
+    """One pipeline (or model) of the spec, as the bench will measure it.
 
     Attributes:
         name: The pipeline or model.
-        requests: One prepared request per text or image (empty: cannot be swept).
-        payload: What the requests carry (``texts``, ``images``), or why there are none.
+        scenario: Its load (requests, and what each input carries).
         setup: The text pipeline's tokenizer and encoder for the in-process limit, or None.
         limit_na: Why there is no in-process limit ("" when there is one).
         steps: The models that serve it (an ensemble's steps, else the model itself).
     """
 
     name: str
-    requests: tuple[Request, ...]
-    payload: str
+    scenario: Scenario
     setup: EncoderSetup | None
     limit_na: str
     steps: tuple[str, ...]
 
     @property
-    def servable(self) -> bool:
-        """True when requests could be prepared for it."""
-        return bool(self.requests)
+    def requests(self) -> tuple[Request, ...]:
+        """The scenario's requests, sent in order, cycling."""
+        return self.scenario.requests
+
+    @property
+    def payload(self) -> str:
+        """What the requests carry: ``texts``, ``images``, ``tensors`` (joined by ``+``)."""
+        return payload_of(self.scenario)
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """The texts of the requests' one text input, in order (what the in-process limit
+        encodes); empty unless every input is text and there is one."""
+        if self.payload != "texts" or len(self.scenario.sources) != 1:
+            return ()
+        name = self.scenario.sources[0].name
+        return tuple(value.decode("utf-8") for request in self.requests
+                     for value in request.inputs[name].reshape(-1))
+
+
+def payload_of(scenario: Scenario) -> str:
+    """``texts``, ``images`` or ``tensors`` (several joined by ``+``): what ``scenario`` sends."""
+    kinds = dict.fromkeys(_PAYLOADS[s.kind] for s in scenario.sources)
+    return "+".join(kinds)
 
 
 def known_models(repository: Path) -> list[str]:
@@ -58,47 +76,12 @@ def known_models(repository: Path) -> list[str]:
     return sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
 
 
-def load_images(directory: Path = IMAGES_DIR) -> list[bytes]:
-    """The shipped photos' encoded bytes, sorted by name."""
-    return [p.read_bytes() for p in sorted(directory.iterdir())
-            if p.suffix.lower() in _IMAGE_SUFFIXES]
-
-
-def _shape(tensor: Mapping[str, Any], batched: bool) -> list[int]:
-    dims = [1 if int(d) < 0 else int(d) for d in tensor.get("dims", [])]
-    return ([1] if batched else []) + dims
-
-
-def prepare_requests(name: str, config: Mapping[str, Any], texts: Sequence[str],
-                     images: Sequence[bytes]) -> tuple[list[Request], str]:
-    """One request per text (string inputs) or per image (an ``IMAGE`` input) for ``name``.
-
-    Several string inputs (a text pair: ``TEXT``, ``TEXT_PAIR``) get consecutive texts.
-
-    Returns:
-        The requests and ``texts`` / ``images``; or no requests and why.
-    """
-    inputs = [t for t in config.get("input", []) if not t.get("optional")]
-    outputs = tuple(t["name"] for t in config.get("output", []))
-    batched = int(config.get("max_batch_size", 0)) > 0
-    other = [t for t in inputs if t.get("data_type") != _STRING]
-    if not inputs or other:
-        kinds = ", ".join(f"{t['name']} ({t.get('data_type', '?').removeprefix('TYPE_')})"
-                          for t in other) or "none"
-        return [], (f"no payloads for inputs {kinds}: tools bench sends texts to string inputs "
-                    f"and photos to an IMAGE input")
-    if any(t["name"].upper().startswith("IMAGE") for t in inputs):
-        if len(inputs) > 1:
-            return [], "an IMAGE input beside other inputs: no payloads for that"
-        values, payload = list(images), "images"
-    else:
-        values, payload = [t.encode("utf-8") for t in texts], "texts"
-    requests = []
-    for i in range(len(values)):
-        arrays = {t["name"]: np.full(_shape(t, batched), values[(i + k) % len(values)],
-                                     dtype=np.object_) for k, t in enumerate(inputs)}
-        requests.append(Request(name, arrays, outputs))
-    return requests, payload
+def default_names(spec: Any) -> tuple[str, ...]:
+    """What the bench measures without ``--scenario``: the shipped text variants the spec has,
+    else every pipeline of the spec's target."""
+    known = scenario_names(spec)
+    shipped = tuple(n for n in DEFAULT_PIPELINES if n in known)
+    return shipped or tuple(p.name for p in spec.for_target(spec.target).pipelines)
 
 
 def _steps(config: Mapping[str, Any], name: str) -> tuple[str, ...]:
@@ -107,11 +90,11 @@ def _steps(config: Mapping[str, Any], name: str) -> tuple[str, ...]:
 
 
 def _limit_setup(repository: Path, name: str, config: Mapping[str, Any],
-                 payload: str) -> tuple[EncoderSetup | None, str]:
+                 scenario: Scenario) -> tuple[EncoderSetup | None, str]:
     if "ensemble_scheduling" not in config:
         return None, "not an ensemble: the in-process limit is derived for tokenizer -> encoder"
-    if payload != "texts":
-        return None, "the in-process limit is derived for text pipelines only"
+    if payload_of(scenario) != "texts" or len(scenario.sources) != 1:
+        return None, "the in-process limit is derived for pipelines of one text input only"
     try:
         pipeline_models(repository, name)
         return read_setup(repository, name), ""
@@ -119,40 +102,50 @@ def _limit_setup(repository: Path, name: str, config: Mapping[str, Any],
         return None, str(exc)
 
 
-def resolve(repository: Path, names: Sequence[str], texts: Sequence[str], *,
+def resolve(repository: Path, spec: Any, names: Sequence[str], data: Path | None = None, *,
             explicit: bool) -> tuple[list[Target], list[str]]:
-    """The targets of ``names`` in ``repository``, and notes on the ones left out.
+    """The targets of ``names``, and notes on the ones left out.
 
     Args:
-        repository: The built repository.
+        repository: The repository built from ``spec`` (its configs give the limit's setup).
+        spec: The spec (``load_spec``'s object): each target's requests are its scenario.
         names: Pipelines or models, in the order to measure.
-        texts: The texts for string inputs.
-        explicit: The user named them: an unknown name is an error (else it is skipped).
+        data: ``--data`` of every scenario (None: the shipped texts and images, generated
+            tensors).
+        explicit: The user named them: a name the spec or the repository lacks is an error
+            (else it is skipped with a note).
 
     Raises:
-        UserInputError: an explicit name is not in the repository (naming the known ones), or
-            none of the names can be measured.
+        UnknownScenario: an explicit name is not in the spec (naming the known ones).
+        DataError: ``data`` does not fit a scenario (naming the file, line and input).
+        UserInputError: an explicit name is not built in ``repository``, or none of the names
+            can be measured.
     """
-    known = known_models(repository)
-    missing = [n for n in names if n not in known]
-    if missing and explicit:
-        raise UserInputError(f"--pipelines: {', '.join(missing)} not in {repository} (known: "
-                             f"{', '.join(known) or 'none: build it first with tools build-repo'})")
-    notes = [f"pipeline {n} is not in {repository}: skipped" for n in missing]
-    images = load_images() if IMAGES_DIR.is_dir() else []
+    built = known_models(repository)
+    in_spec = scenario_names(spec)
+    notes = []
+    chosen = []
+    for name in names:
+        if name not in in_spec and not explicit:
+            notes.append(f"pipeline {name} is not in {spec.path}: skipped")
+        elif name in in_spec and name not in built:
+            if explicit:
+                raise UserInputError(
+                    f"--scenario {name}: not in {repository} (built: {', '.join(built) or 'none'};"
+                    f" build it first: tools build-repo --spec {spec.path} --repository "
+                    f"{repository})")
+            notes.append(f"pipeline {name} is not in {repository}: skipped")
+        else:
+            chosen.append(name)  # an unknown explicit name: build_scenario names the known ones
     targets = []
-    for name in (n for n in names if n in known):
+    for name in chosen:
+        scenario = build_scenario(spec, name, data)
         config = model_config(repository / name / "config.pbtxt")
-        requests, payload = prepare_requests(name, config, texts, images)
-        setup, limit_na = _limit_setup(repository, name, config, payload)
-        if not requests:
-            notes.append(f"pipeline {name}: {payload}: skipped")
-            continue
-        targets.append(Target(name, tuple(requests), payload, setup, limit_na,
-                              _steps(config, name)))
+        setup, limit_na = _limit_setup(repository, name, config, scenario)
+        targets.append(Target(name, scenario, setup, limit_na, _steps(config, name)))
     if not targets:
-        raise UserInputError(f"--pipelines {','.join(names)}: none can be measured in "
-                             f"{repository} (build it first: tools build-repo --output "
+        raise UserInputError(f"--scenario {','.join(names)}: none is built in {repository} "
+                             f"(build it first: tools build-repo --spec {spec.path} --repository "
                              f"{repository})")
     return targets, notes
 

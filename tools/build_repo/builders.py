@@ -224,18 +224,12 @@ class PytorchBuilder(SpecEntryBuilder):
             write_reproduce_script(int8_path, spec.path, output, model.name, self.target,
                                    note=f"dynamic per-channel int8 of {cfg.FUSED_FILE}")
             gate = model.cpu.quality
-            where = f"{self.where}field 'cpu.quality': "
-            report = stages.run(
-                Stage.QUALITY, quality.check_embedding_quality, model, gate,
-                quality.read_texts(resolve_file(gate.texts, spec.root, where)),
-                resolve_file(gate.tokenizer, spec.root, where),
-                fp32_runner,
-                onnxruntime_runner(str(int8_path), threads=spec.cpu_cores),
-            )
+            quality_set, _ = quality.load_gate_set(gate, spec.root, self.where)
+            report = quality.run_gate(stages, model, gate, quality_set, fp32_runner,
+                                      onnxruntime_runner(str(int8_path), threads=spec.cpu_cores))
             record["quantize"] = quantized.to_dict()
             record["quality"] = report.to_dict()
-            stages.result.note = (f"int8: min cosine {report.min_cosine:.4f}, top-{gate.neighbours} "
-                                  f"agreement {report.neighbour_agreement:.3f}")
+            stages.result.note = quality.summary_note(report)
         entry.optimization = record
 
     def _openvino(self, onnx_path: Path, fp32_runner: Any, output: Path, stages: Stages,
@@ -243,7 +237,7 @@ class PytorchBuilder(SpecEntryBuilder):
         """cpu target, ``runtime: openvino``: fp32 is checked for parity against PyTorch; bf16,
         and int8 (NNCF's static quantization first), on the quality set against the exported
         graph under ONNX Runtime (``fp32_runner``)."""
-        from tools.build_repo import onnx2ov_int8, quality
+        from tools.build_repo import onnx2ov_int8, quality, quality_sets
         from tools.build_repo.parity import check_parity, figures_to_manifest, openvino_runner
         from tools.build_repo.torch2onnx import write_reproduce_script
 
@@ -254,25 +248,23 @@ class PytorchBuilder(SpecEntryBuilder):
                                   "precision": precision}
         gate = model.cpu.quality
         if model.cpu.gated_variant is not None:  # read once: calibration and the gate use them
-            where = f"{self.where}field 'cpu.quality': "
-            held_out = quality.read_texts(resolve_file(gate.texts, spec.root, where))
-            tokenizer_file = resolve_file(gate.tokenizer, spec.root, where)
+            quality_set, tokenizer_file = quality.load_gate_set(gate, spec.root, self.where)
         if model.cpu.optimize == "int8":
-            texts = quality.read_texts(resolve_file(
-                model.cpu.calibration_texts, spec.root, f"{self.where}field 'cpu.calibration_texts': "))
-            in_quality_set = set(held_out)
-            calibration = [t for t in texts if t not in in_quality_set]
+            calibration = quality_sets.calibration_set(
+                quality_sets.read_texts(resolve_file(model.cpu.calibration_texts, spec.root,
+                                                     f"{self.where}field 'cpu.calibration_texts': ")),
+                quality_set, tokenizer_file, gate.max_length, model.cpu.calibrate_on_tune)
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
-            quantized = stages.run(
-                Stage.QUANTIZE, onnx2ov_int8.quantize_openvino, onnx_path, served, model,
-                quality.tokenize(calibration, tokenizer_file, gate.max_length),
-            )
+            quantized = stages.run(Stage.QUANTIZE, onnx2ov_int8.quantize_openvino, onnx_path, served,
+                                   model, calibration, quality_set)
             write_reproduce_script(served, spec.path, output, model.name, self.target,
                                    note=f"NNCF static int8 of {cfg.ONNX_FILE} (OpenVINO IR, weights "
                                         f"in {cfg.OV_INT8_BIN}), calibrated on "
-                                        f"{len(calibration)} texts")
-            record["quantize"] = {**quantized.to_dict(), "calibration_texts": len(calibration),
-                                  "left_out_as_in_quality_set": len(texts) - len(calibration)}
+                                        f"{len(calibration.texts)} texts")
+            record["quantize"] = {**quantized.to_dict(), "calibration_texts": len(calibration.texts),
+                                  "left_out_as_held_out": calibration.left_out,
+                                  "tune_texts_added": calibration.tune_added,
+                                  "smooth_quant_alpha": model.cpu.smooth_quant_alpha}
         candidate, runs_as = stages.run(Stage.OPENVINO, openvino_runner, str(served),
                                         spec.cpu_cores, precision, spec.backends)
         record["runs_as"] = runs_as
@@ -283,11 +275,10 @@ class PytorchBuilder(SpecEntryBuilder):
             entry.parity["openvino"] = {"atol": model.atol, "rtol": model.rtol,
                                         "cases": stages.result.parity["openvino"]}
         else:
-            report = stages.run(Stage.QUALITY, quality.check_embedding_quality, model, gate,
-                                held_out, tokenizer_file, fp32_runner, candidate)
+            report = quality.run_gate(stages, model, gate, quality_set, fp32_runner, candidate,
+                                      runs_as)
             record["quality"] = report.to_dict()
-            stages.result.note = (f"{model.cpu.gated_variant}: min cosine {report.min_cosine:.5f}, "
-                                  f"top-{gate.neighbours} agreement {report.neighbour_agreement:.3f}")
+            stages.result.note = quality.summary_note(report)
             if runs_as != precision:
                 stages.result.note += (f"; this CPU runs OpenVINO {precision} as {runs_as}, so the "
                                        f"gate measured {runs_as}: build on the serving CPU")

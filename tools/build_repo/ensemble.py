@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tools.build_repo import admission
 from tools.build_repo.config import TensorConfig, TritonModelConfig
 from tools.build_repo.spec import PipelineSpec, RepoSpec
 from tools.errors import EnsembleError
@@ -151,6 +152,7 @@ def render_all(spec: RepoSpec, target: str) -> dict[str, TritonModelConfig]:
     for pipeline in spec.pipelines:
         check_pipeline(pipeline, configs)
         configs[pipeline.name] = ensemble_config(pipeline)
+    configs = admission.apply(configs, spec, target)  # the P99 objectives of the SLO file
     for config in configs.values():
         config.to_message()
     return configs

@@ -153,15 +153,16 @@ def export_inputs(
 
 
 def quality_files(spec: RepoSpec, model: ModelSpec) -> dict[str, str] | None:
-    """sha256 of the quality gate's texts and tokenizer (and of the calibration texts of an
-    OpenVINO int8 model); None unless the model is gated (``cpu.optimize: int8`` or
+    """sha256 of the quality gate's texts, own texts and tokenizer (and of the calibration texts
+    of an OpenVINO int8 model); None unless the model is gated (``cpu.optimize: int8`` or
     ``cpu.precision: bf16``)."""
     gate = model.cpu.quality
     if model.cpu.gated_variant is None or gate is None:
         return None
     where = f"{spec.path}: model {model.name!r}: field 'cpu.quality': "
     files = {name: sha256_file(resolve_file(location, spec.root, where))
-             for name, location in (("texts", gate.texts), ("tokenizer", gate.tokenizer))}
+             for name, location in (("texts", gate.texts), ("tokenizer", gate.tokenizer),
+                                    ("own_texts", gate.own_texts)) if location is not None}
     if model.cpu.calibration_texts is not None:
         files["calibration_texts"] = sha256_file(resolve_file(
             model.cpu.calibration_texts, spec.root,

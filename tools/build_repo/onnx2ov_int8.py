@@ -5,7 +5,9 @@ Unlike ONNX Runtime's dynamic int8 (``onnx2int8``), activations get fixed int8 r
 calibration texts, so the CPU plugin runs the MatMuls as int8 x int8 (AVX512-VNNI / AMX) without
 quantizing activations at run time. NNCF's transformer preset keeps softmax, layer norms and GELU
 in floating point and applies SmoothQuant to the MatMul inputs; nodes whose names match
-``cpu.quantize_exclude`` are not quantized. The quality gate (``quality.py``) decides.
+``cpu.quantize_exclude`` are not quantized; ``cpu.smooth_quant_alpha`` sets SmoothQuant's
+strength. Calibration never sees a held-out quality text (``quality_sets.Calibration``); the
+quality gate (``quality.py``) decides.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.build_repo.onnx2int8 import QuantizeResult, excluded_nodes
+from tools.build_repo.quality_sets import Calibration, QualitySet
 from tools.build_repo.spec import ModelSpec
 from tools.errors import ExportError
 
@@ -46,15 +49,21 @@ def quantizable_nodes(model) -> list[str]:
             if op.get_type_name() in QUANTIZABLE]
 
 
-def quantize_openvino(source: Path, destination: Path, spec: ModelSpec,
-                      calibration: Sequence[tuple[list[int], list[int]]]) -> QuantizeResult:
+def quantize_openvino(source: Path, destination: Path, spec: ModelSpec, calibration: Calibration,
+                      quality: QualitySet) -> QuantizeResult:
     """Write the int8 IR of ``source`` (an ONNX file) to ``destination`` (``.xml``, weights in
-    the ``.bin`` beside it), calibrated on the token sequences ``calibration``.
+    the ``.bin`` beside it), calibrated on ``calibration``, none of whose texts may be held out
+    in ``quality``.
 
     Raises:
         ExportError: no calibration texts, a ``quantize_exclude`` pattern matches nothing, or
-            NNCF failed.
+            NNCF failed; ``HeldOutTextError`` (an ``ExportError``) for a held-out text.
     """
+    quality.refuse_held_out(calibration.texts, f"model {spec.name!r}: field 'cpu.calibration_texts': ")
+    if not calibration.texts:
+        raise ExportError(f"model {spec.name!r}: field 'cpu.calibration_texts' holds no text "
+                          f"outside the held-out quality texts: static int8 needs some to "
+                          f"calibrate on")
     import logging
     import os
 
@@ -68,17 +77,19 @@ def quantize_openvino(source: Path, destination: Path, spec: ModelSpec,
 
     set_log_level(logging.ERROR)  # not a line per ignored node; its progress bars stay
 
-    if not calibration:
-        raise ExportError(f"model {spec.name!r}: field 'cpu.calibration_texts' holds no text "
-                          f"outside the quality set: static int8 needs some to calibrate on")
     model = openvino.Core().read_model(str(source))
     nodes = quantizable_nodes(model)
     kept = excluded_nodes(nodes, spec.cpu.quantize_exclude, spec, source)
-    batches = list(calibration_batches(calibration))
+    batches = list(calibration_batches(calibration.encodings))
+    advanced = {}
+    if spec.cpu.smooth_quant_alpha is not None:
+        advanced["smooth_quant_alphas"] = nncf.AdvancedSmoothQuantParameters(
+            matmul=spec.cpu.smooth_quant_alpha)
     try:
         quantized = nncf.quantize(
             model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
             subset_size=len(batches), ignored_scope=nncf.IgnoredScope(names=kept),
+            advanced_parameters=nncf.AdvancedQuantizationParameters(**advanced),
         )
         # fp32 weights stay fp32 (not the fp16 save_model writes by default): what the
         # gate runs is what was kept

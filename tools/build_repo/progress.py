@@ -91,4 +91,7 @@ class BuildProgress:
                 parity, escape(m.note),
             )
         self.console.print(table)
+        from tools.build_repo.quality import print_quality  # numpy: only once there is a report
+
+        print_quality(self.console, [m.quality for m in result.models if m.quality is not None])
         self.console.print(f"total {result.seconds:.1f}s")

@@ -37,6 +37,7 @@ class ModelResult:
     timings: dict[Stage, float] = field(default_factory=dict)
     parity: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     note: str = ""
+    quality: Any = None  # quality.QualityReport of a gated variant built in this run
 
     @property
     def parity_max_abs(self) -> dict[str, float]:

@@ -118,7 +118,7 @@ def write_reproduce_script(
     root = spec_path.parent
     command = (
         f"tools build-repo --spec {shlex.quote(str(spec_path))} "
-        f"--output {shlex.quote(str(output))} --target {target} "
+        f"--repository {shlex.quote(str(output))} --target {target} "
         f"--only {shlex.quote(model_name)} --force"
     )
     lines = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from tools.files import write_atomically
-from tools.command import ToolGroup
+from tools.command import ToolGroup, spec_option
 from tools.build_repo.spec import TARGETS
 from tools.deploy.artifact import default_record_path, package as package_repository
 from tools.deploy.render import AUTOSCALERS, DEFAULT_PROMETHEUS_URL, render_k8s
@@ -53,8 +53,7 @@ def package(repository: Path, image: str, copier_image: str, engine: str | None,
               help="cpu (CPU image, embedded Triton 2.51) or gpu (NGC image, nvidia.com/gpu).")
 @click.option("--output", type=click.Path(path_type=Path), required=True,
               help="Folder to write: new, empty, or rendered by this command before.")
-@click.option("--spec", "spec_path", type=click.Path(path_type=Path), default=Path("repository.yaml"),
-              show_default=True, help="The repository spec.")
+@spec_option()
 @click.option("--artifact", type=click.Path(path_type=Path, dir_okay=False),
               help="The record tools deploy package wrote: pods copy (or mount) that artifact.")
 @click.option("--dev-build", is_flag=True,

@@ -264,7 +264,7 @@ def _builder(d: Deployment, output: str) -> dict[str, Any]:
         "name": "build-repository",
         "image": d.builder_image,
         "command": ["tools", "build-repo", "--target", d.target, "--spec",
-                    f"{PROJECT}/repository.yaml", "--output", output, "--no-progress"],
+                    f"{PROJECT}/repository.yaml", "--repository", output, "--no-progress"],
         "workingDir": PROJECT,
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": _resources(d.resources.cpu, BUILDER_MEMORY_MIB[d.target], d.resources.gpus),

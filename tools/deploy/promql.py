@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tools.loadtest.slo import DEFAULT_SLO_FILE, PROTOCOLS, load_slo
+from tools.slo import DEFAULT_SLO_FILE, PROTOCOLS, load_slo
 
 # ---------------------------------------------------------------------------- autoscaling signal
 

@@ -92,12 +92,14 @@ def _size_of(path: Path) -> int:
                if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
 
 
-def weights_mib(model: ModelSpec, built: Mapping[str, int] | None = None) -> int:
+def weights_mib(model: ModelSpec, built: Mapping[str, int] | None = None,
+                root: Path | None = None) -> int:
     """The size of what the model's instances load, in MiB.
 
     From the build manifest when given (``built``: model -> bytes of its version folder, the
     artifact's record), else from the spec: its ``weights`` reference, a recipe's folder or an
-    ONNX file. ``DEFAULT_WEIGHTS_MIB`` only when none of these names a file.
+    ONNX file (relative paths against ``root``, the spec's folder, as the build reads them).
+    ``DEFAULT_WEIGHTS_MIB`` only when none of these names a file.
     """
     if built is not None and model.name in built:
         return max(1, math.ceil(built[model.name] / MIB))
@@ -105,8 +107,10 @@ def weights_mib(model: ModelSpec, built: Mapping[str, int] | None = None) -> int
         files = resolve_reference(model.weights, f"model {model.name!r}: weights: ")()
         return max(1, math.ceil(sum(f.stat().st_size for f in files) / MIB))
     local = getattr(model, "onnx", "") or (model.recipe.path if model.recipe else None)
-    if local and Path(local).exists():
-        return max(1, math.ceil(_size_of(Path(local)) / MIB))
+    if local:
+        path = Path(local) if Path(local).is_absolute() or root is None else root / local
+        if path.exists():
+            return max(1, math.ceil(_size_of(path) / MIB))
     return DEFAULT_WEIGHTS_MIB
 
 
@@ -153,7 +157,7 @@ def size_pod(
                 used_gpus.update(group.gpus or (0,))
         per = STUB_MIB if python_backend else 0
         if is_model:
-            per += 2 * weights_mib(m, built_weights) + ACTIVATION_MIB
+            per += 2 * weights_mib(m, built_weights, spec.root) + ACTIVATION_MIB
         lines.append((f"{m.name} x{count}", per * count))
         if python_backend:
             shm += count * shm_region_mib(m)

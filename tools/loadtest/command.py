@@ -15,11 +15,21 @@ from pathlib import Path
 
 import click
 
-from tools.command import ToolCommand
+from tools.command import (
+    ToolCommand,
+    data_option,
+    grpc_url_option,
+    option,
+    protocol_option,
+    scenario_names,
+    slo_file_option,
+    spec_option,
+    url_option,
+)
 from tools.errors import LoadTestError, UserInputError
 from tools.load.scenario import Scenario, build_scenario
 from tools.loadtest.runner import DEFAULT_SPEC, RunResult, RunSpec, run_locust
-from tools.loadtest.slo import (
+from tools.slo import (
     PROTOCOLS,
     NoScenarioSLO,
     default_slo_file,
@@ -190,43 +200,41 @@ def chosen_scenarios(spec_path: Path, names: tuple[str, ...], data: Path | None,
 
 
 @click.command("loadtest", cls=ToolCommand)
-@click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
-              help="Pipeline or model of the spec to load (repeatable) [default: every pipeline "
-              "with an SLO entry].")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("repository.yaml"), show_default=True,
-              help="The spec the scenarios' load is derived from.")
-@click.option("--data", type=click.Path(exists=True, path_type=Path),
-              help="Send these payloads instead of the shipped ones: texts (one per line; "
-              "tab-separated for text pairs), a folder of images, or JSON lines (one request per "
-              "line, input name -> value).")
-@click.option("--protocol", type=click.Choice(["http", "grpc", "both"]), default="both",
-              show_default=True, help="Client protocol; both runs them one after the other.")
-@click.option("--url", help="HTTP endpoint host:port of a running server (also used for statistics).")
-@click.option("--grpc-url", help="gRPC endpoint host:port of a running server.")
-@click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
-              help="Start the embedded tritonserver on this built repository instead.")
-@click.option("--users", type=click.IntRange(min=1), help="Closed loop: concurrent users.")
-@click.option("--rate", type=click.FloatRange(min=0.001),
-              help="Open loop: arrivals per second, independent of response times.")
-@click.option("--duration", type=click.FloatRange(min=1), help="Measured seconds after warm-up.")
-@click.option("--warmup", type=click.FloatRange(min=0), help="Seconds excluded at the start.")
-@click.option("--p99-ms", type=click.FloatRange(min=0, min_open=True),
-              help="P99 target over the SLO file's; enough for a scenario without an entry.")
-@click.option("--max-error-ratio", type=click.FloatRange(min=0, max=1),
-              help="Error-ratio limit over the SLO file's (default for a scenario without an "
-              "entry: 0).")
-@click.option("--slo-profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
-@click.option("--slo-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              show_default="the spec's: loadtests/slo.yaml or slo.yaml beside it, else "
-              "loadtests/slo.yaml of this project",
-              help="SLO targets and default loads per profile and scenario.")
-@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("loadtest-report"), show_default=True)
-@click.option("--stop-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Seconds requests in flight at the end may take to finish.")
-@click.option("--timeout", "hard_timeout", type=click.FloatRange(min=1),
-              help="Hard wall-clock limit per run [default: warm-up + duration + allowances].")
+@option("--scenario", "scenarios", multiple=True, metavar="NAME",
+        help="Pipeline or model of the spec to load (repeatable, or comma-separated) [default: "
+        "every pipeline with an SLO entry].")
+@spec_option("The spec the scenarios' load is derived from.")
+@data_option()
+@protocol_option(["http", "grpc", "both"], "both",
+                 "Client protocol; both runs them one after the other.")
+@url_option("a running server (also used for statistics).")
+@grpc_url_option("a running server.")
+@option("--repository", type=click.Path(file_okay=False, path_type=Path),
+        help="Start the embedded tritonserver on this built repository instead.")
+@option("--concurrency", type=click.IntRange(min=1), old_names=("--users",),
+        help="Closed loop: requests in flight (Locust users, each sending its next request when "
+        "the last is answered) [default: the SLO entry's load].")
+@option("--rate", type=click.FloatRange(min=0.001),
+        help="Open loop: arrivals per second, independent of response times.")
+@option("--duration", type=click.FloatRange(min=1),
+        help="Measured seconds after warm-up [default: the SLO entry's].")
+@option("--warmup", type=click.FloatRange(min=0),
+        help="Unmeasured seconds at the start [default: the SLO entry's].")
+@option("--p99-ms", type=click.FloatRange(min=0, min_open=True),
+        help="P99 target over the SLO file's; enough for a scenario without an entry.")
+@option("--max-error-ratio", type=click.FloatRange(min=0, max=1),
+        help="Error-ratio limit over the SLO file's (default for a scenario without an "
+        "entry: 0).")
+@option("--slo-profile", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+        help="Profile of the SLO file.")
+@slo_file_option()
+@option("--output", type=click.Path(file_okay=False, path_type=Path),
+        default=Path("loadtest-report"), show_default=True, old_names=("--report-dir",),
+        help="Folder for the reports: OUTPUT/<scenario>-<protocol>/ per run, and an overview.")
+@option("--stop-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+        help="Seconds requests in flight at the end may take to finish.")
+@option("--timeout", "hard_timeout", type=click.FloatRange(min=1),
+        help="Hard wall-clock limit per run [default: warm-up + duration + allowances].")
 def loadtest(
     scenarios: tuple[str, ...],
     spec_path: Path,
@@ -235,7 +243,7 @@ def loadtest(
     url: str | None,
     grpc_url: str | None,
     repository: Path | None,
-    users: int | None,
+    concurrency: int | None,
     rate: float | None,
     duration: float | None,
     warmup: float | None,
@@ -243,7 +251,7 @@ def loadtest(
     max_error_ratio: float | None,
     slo_profile: str,
     slo_file: Path | None,
-    report_dir: Path,
+    output: Path,
     stop_timeout: float,
     hard_timeout: float | None,
 ) -> None:
@@ -254,7 +262,7 @@ def loadtest(
     reads, the shipped photos for one an image step reads, text pairs for two text inputs,
     generated tensors within the spec's shape ranges for a raw model; --data replaces them.
     Latencies are each request's exact time (not Locust's rounded buckets); the warm-up is left
-    out. Per run, REPORT_DIR/<scenario>-<protocol>/ gets requests.csv/.json (raw records),
+    out. Per run, OUTPUT/<scenario>-<protocol>/ gets requests.csv/.json (raw records),
     summary.json (percentiles, targets, what was sent, Triton's queue/compute view and mean
     executed batch), locust.html and locust.log. Exits 1 with one line per missed target.
 
@@ -265,14 +273,14 @@ def loadtest(
           --protocol grpc --rate 40 --duration 60
       tools loadtest --repository model_repository --scenario minilm_encoder --p99-ms 500
     """
-    if users and rate:
-        raise UserInputError("give --users (closed loop) or --rate (open loop), not both")
+    if concurrency and rate:
+        raise UserInputError("give --concurrency (closed loop) or --rate (open loop), not both")
     if repository is not None and (url or grpc_url):
         raise UserInputError("give --repository (embedded server) or --url/--grpc-url, not both")
     if repository is None and not (url or grpc_url):
         raise UserInputError("give --url/--grpc-url of a running server, or --repository")
     slo_file = slo_file if slo_file is not None else default_slo_file(spec_path)
-    chosen = chosen_scenarios(spec_path, scenarios, data, slo_file, slo_profile)
+    chosen = chosen_scenarios(spec_path, scenario_names(scenarios), data, slo_file, slo_profile)
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
     for scenario in chosen:  # fail on a bad SLO file before starting anything
         scenario_slo(slo_file, slo_profile, scenario.name, p99_ms=p99_ms,
@@ -283,7 +291,7 @@ def loadtest(
     from tools.serve.session import endpoints
 
     say = lambda line: click.echo(line, err=True)  # noqa: E731
-    with endpoints(repository, url, grpc_url, report_dir / "tritonserver.log", say) as (
+    with endpoints(repository, url, grpc_url, output / "tritonserver.log", say) as (
         http_url, grpc_endpoint
     ):
         results = run_loadtests(
@@ -291,13 +299,13 @@ def loadtest(
             protocols=protocols,
             url=http_url,
             grpc_url=grpc_endpoint,
-            users=users,
+            users=concurrency,
             rate=rate,
             duration_s=duration,
             warmup_s=warmup,
             slo_file=slo_file,
             slo_profile=slo_profile,
-            report_dir=report_dir,
+            report_dir=output,
             stop_timeout_s=stop_timeout,
             hard_timeout_s=hard_timeout,
             spec_path=spec_path,
@@ -305,8 +313,8 @@ def loadtest(
             p99_ms=p99_ms,
             max_error_ratio=max_error_ratio,
         )
-    overview = write_overview(results, report_dir)
-    click.echo(f"reports: {report_dir}/ (overview {overview})", err=True)
+    overview = write_overview(results, output)
+    click.echo(f"reports: {output}/ (overview {overview})", err=True)
     failed = [r for r in results if not r.passed]
     if failed:
         reasons = []

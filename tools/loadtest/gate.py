@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import stats
+from tools.slo import Targets  # noqa: F401 - the gate checks a summary against them
 from tools.stats import PERCENTILES, percentile  # noqa: F401 - re-exported for the gate's users
 
 RECORD_FIELDS = (
@@ -141,15 +142,6 @@ def summarize(
         oldest_in_flight_ms=max(counted.in_flight_ages_ms, default=0.0),
         p99_lower_bound_ms=counted.tail_lower_bound(99.0),
     )
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Service-level objectives of one scenario and protocol (no throughput target: None)."""
-
-    p99_ms: float
-    max_error_ratio: float
-    min_throughput_rps: float | None = None
 
 
 def violations(summary: Summary, targets: Targets) -> list[str]:

@@ -400,6 +400,10 @@ def serve(
     HTTP port and forwards to tritonserver on a loopback port of its own (--no-http-guard to
     leave it out). gRPC messages are bounded to --max-grpc-message-bytes by a gRPC guard on the
     public gRPC port (no Triton release has a flag for it; --no-grpc-guard to leave it out).
+    Both guards admit each model's inference requests by its P99 objective (admission_p99_ms,
+    rendered from the SLO file): past latency target x measured throughput in flight a request
+    is refused at once (HTTP 503 with Retry-After, gRPC UNAVAILABLE with retry pushback), for
+    direct calls to a model as for its pipelines.
     docs/guards.md has what each guard refuses and what it costs.
 
     \b

@@ -23,17 +23,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import zlib
 
 try:  # a module of the project
-    from tools.serve.http_guard import LOOPBACK, run, run_until_gone
+    from tools.serve.http_guard import (
+        LOOPBACK, Admission, Overloaded, run, run_until_gone, slo_admission_for)
 except ImportError:  # a file beside http_guard.py, as the CPU image runs it
-    from http_guard import LOOPBACK, run, run_until_gone  # type: ignore[no-redef]
+    from http_guard import (  # type: ignore[no-redef]
+        LOOPBACK, Admission, Overloaded, run, run_until_gone, slo_admission_for)
 
 MAX_MESSAGE_BYTES = 16 * 2**20  # as the HTTP body limit (docker-compose.yml)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-RESOURCE_EXHAUSTED = 8
+UNAVAILABLE, RESOURCE_EXHAUSTED = 14, 8
+# ModelInferRequest (grpc_service.proto): model_name = 1, inputs = 5, raw_input_contents = 7;
+# the other requests that start with a name (metadata, ready, config, statistics) have no 5-7.
+_INFER_FIELDS = frozenset({5, 6, 7})
+_SNIFF_BYTES = 512  # of a stream's first message: enough for its name and the next field's tag
 # frame types and flags (RFC 9113 section 6)
 DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 5, 8, 9
 END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
@@ -65,26 +72,80 @@ def _hpack_length(n: int) -> bytes:
     return bytes(out)
 
 
-def refusal_headers(stream: int, message: str, *, trailers_only: bool) -> bytes:
-    """The HEADERS frame that ends ``stream`` with ``RESOURCE_EXHAUSTED`` (a trailers-only
-    response when tritonserver has not answered the stream yet, else its trailers)."""
+def refusal_headers(stream: int, message: str, *, trailers_only: bool,
+                    status: int = RESOURCE_EXHAUSTED,
+                    metadata: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+    """The HEADERS frame that ends ``stream`` with ``status`` (a trailers-only response when
+    tritonserver has not answered the stream yet, else its trailers), ``metadata`` added."""
     block = (_STATUS_200 + _literal(b"content-type", b"application/grpc")) if trailers_only \
         else b""
-    block += _literal(b"grpc-status", str(RESOURCE_EXHAUSTED).encode())
+    block += _literal(b"grpc-status", str(status).encode())
     block += _literal(b"grpc-message", message.encode("ascii").replace(b"%", b"%25"))
+    block += b"".join(_literal(name, value) for name, value in metadata)
     return _frame(HEADERS, END_STREAM | END_HEADERS, stream, block)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
+    """The varint at ``pos`` and the position after it, or None when ``data`` ends first."""
+    value, shift = 0, 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    return None
+
+
+def infer_model(head: bytes, complete: bool) -> str | None | bool:
+    """The model of a ``ModelInferRequest`` from the first bytes of a serialised message.
+
+    Returns the ``model_name`` (field 1) once a field of the request's tensors (5, 6 or 7)
+    follows it; ``False`` when the message is some other request (it ends, or another field
+    comes, without those); ``None`` when ``head`` is too short to tell (``complete``: the whole
+    message).
+    """
+    pos, name = 0, None
+    while True:
+        tag = _varint(head, pos)
+        if tag is None:
+            return False if complete else None
+        field, wire = tag[0] >> 3, tag[0] & 7
+        if field in _INFER_FIELDS:
+            return name if name is not None else False
+        pos = tag[1]
+        if wire == 2:  # length-delimited
+            length = _varint(head, pos)
+            if length is None or length[1] + length[0] > len(head):
+                return False if complete else None
+            if field == 1:
+                name = head[length[1]:length[1] + length[0]].decode("utf-8", "replace")
+            pos = length[1] + length[0]
+        elif wire == 0:
+            value = _varint(head, pos)
+            if value is None:
+                return False if complete else None
+            pos = value[1]
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            return False
 
 
 class _Message:
     """Where one client stream is in its sequence of length-prefixed gRPC messages."""
 
-    __slots__ = ("prefix", "remaining", "inflater", "decoded")
+    __slots__ = ("prefix", "remaining", "inflater", "decoded", "index", "head", "length")
 
     def __init__(self) -> None:
         self.prefix = b""
         self.remaining = 0
         self.inflater = None
         self.decoded = 0
+        self.index = 0  # messages begun on this stream
+        self.head: bytearray | None = bytearray()  # the first message's first bytes (sniffed)
+        self.length = 0
 
     def too_large(self, data: memoryview, limit: int) -> str | None:
         """Follow ``data`` (a DATA payload); why the stream must end, or None."""
@@ -103,8 +164,14 @@ class _Message:
                 self.remaining = length
                 self.inflater = zlib.decompressobj(47) if compressed else None  # gzip or zlib
                 self.decoded = 0
+                self.index += 1
+                if self.index > 1 or compressed:
+                    self.head = None  # only a first, uncompressed message is sniffed
+                self.length = length
                 continue
             take = min(self.remaining, end - pos)
+            if self.head is not None and len(self.head) < _SNIFF_BYTES:
+                self.head += data[pos:pos + min(take, _SNIFF_BYTES - len(self.head))]
             if self.inflater is not None:
                 try:
                     self.decoded += len(self.inflater.decompress(data[pos:pos + take],
@@ -187,6 +254,7 @@ class _Pair:
         self.messages: dict[int, _Message] = {}
         self.answered: set[int] = set()  # streams tritonserver sent headers on
         self.refused: set[int] = set()
+        self.admitted: dict[int, list] = {}  # stream -> [done callback, a response came back]
         self.early = bytearray()  # client bytes before tritonserver is connected
         self.closed = False
 
@@ -261,20 +329,49 @@ class _Pair:
             if problem is not None:
                 self._refuse(stream, problem, length)
                 return False
+            if message.head is not None and self.guard.admission is not None \
+                    and not self._admit(stream, message, length, bool(flags & END_STREAM)):
+                return False
             if flags & END_STREAM:
                 del self.messages[stream]
         elif kind == RST_STREAM:
             self.messages.pop(stream, None)
+            self._finish(stream)
         return True
 
-    def _refuse(self, stream: int, message: str, length: int) -> None:
+    def _admit(self, stream: int, message: _Message, length: int, ended: bool) -> bool:
+        """Ask the admission about a stream's first message once its model is known; False when
+        it refused (the stream is then ended)."""
+        model = infer_model(bytes(message.head), ended or len(message.head) >= message.length)
+        if model is None:
+            return True  # more of the message to come
+        message.head = None
+        if model is False:
+            return True
+        try:
+            done = self.guard.admission.admit(model)
+        except Overloaded as exc:
+            self._refuse(stream, str(exc), length, status=UNAVAILABLE,
+                         metadata=_pushback(exc.retry_after_s))
+            return False
+        if done is not None:
+            self.admitted[stream] = [done, False]
+        return True
+
+    def _finish(self, stream: int) -> None:
+        admitted = self.admitted.pop(stream, None)
+        if admitted is not None:
+            admitted[0](200 if admitted[1] else 0)
+
+    def _refuse(self, stream: int, message: str, length: int, **trailers) -> None:
         self.refused.add(stream)
         self.messages.pop(stream, None)
+        self._finish(stream)
         self.to[False].own(_frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big")))
         if length:
             self.to[True].own(_frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
         self.to[True].own(refusal_headers(stream, message,
-                                          trailers_only=stream not in self.answered))
+                                          trailers_only=stream not in self.answered, **trailers))
 
     def _from_upstream(self, kind: int, flags: int, stream: int, length: int) -> bool:
         if stream in self.refused:
@@ -284,10 +381,16 @@ class _Pair:
         if kind == HEADERS:
             if flags & END_STREAM:
                 self.answered.discard(stream)
+                self._finish(stream)
             else:
                 self.answered.add(stream)
+        elif kind == DATA:
+            admitted = self.admitted.get(stream)
+            if admitted is not None:
+                admitted[1] = True  # a response message: errors come as trailers alone
         elif kind == RST_STREAM:
             self.answered.discard(stream)
+            self._finish(stream)
         return True
 
     def flow(self, reading_client: bool, *, pause: bool) -> None:
@@ -297,9 +400,18 @@ class _Pair:
 
     def close(self) -> None:
         self.closed = True
+        for stream in list(self.admitted):
+            self._finish(stream)
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()
+
+
+def _pushback(retry_after_s: float) -> tuple[tuple[bytes, bytes], ...]:
+    """Trailing metadata asking the client to wait: gRPC's retry pushback (in ms) and
+    ``retry-after`` (whole seconds, as HTTP's)."""
+    return ((b"grpc-retry-pushback-ms", b"%d" % round(retry_after_s * 1000)),
+            (b"retry-after", b"%d" % max(1, math.ceil(retry_after_s))))
 
 
 class GrpcGuard:
@@ -308,11 +420,17 @@ class GrpcGuard:
     Args:
         upstream_port: tritonserver's gRPC port on 127.0.0.1.
         max_message_bytes: The largest message a client may send.
+        admission: Decides per ``ModelInferRequest`` (the first message of a stream) whether it
+            goes on, as ``http_guard.Admission`` does for HTTP (None: all go on); a refusal ends
+            the call with ``UNAVAILABLE`` and retry pushback before tritonserver has the message.
+            The callable it returns gets 200 once the call ended with a response message, else 0.
     """
 
-    def __init__(self, upstream_port: int, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, upstream_port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 admission: Admission | None = None) -> None:
         self.upstream_port = upstream_port
         self.max_message_bytes = max_message_bytes
+        self.admission = admission
 
     async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
         """Listen on ``address:port``."""
@@ -322,10 +440,14 @@ class GrpcGuard:
 
 async def serve(listen_port: int, upstream_port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
                 watch_pid: int | None = None, listen_address: str = LOOPBACK,
-                drain_s: float = 60.0) -> None:
+                drain_s: float = 60.0, triton_http_port: int | None = None) -> None:
     """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT (``run_until_gone``:
-    with ``watch_pid``, a SIGTERM waits up to ``drain_s`` for it to exit)."""
-    server = await GrpcGuard(upstream_port, max_message_bytes).listen(listen_address, listen_port)
+    with ``watch_pid``, a SIGTERM waits up to ``drain_s`` for it to exit). With
+    ``triton_http_port`` (where the model configs are read), requests are admitted by each
+    model's latency target (``tools.serve.admission``)."""
+    admission = slo_admission_for(triton_http_port) if triton_http_port is not None else None
+    server = await GrpcGuard(upstream_port, max_message_bytes, admission).listen(
+        listen_address, listen_port)
     print(f"grpc guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, messages "
           f"up to {max_message_bytes} bytes", file=sys.stderr, flush=True)
     async with server:
@@ -340,9 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES)
     parser.add_argument("--watch-pid", type=int)
     parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto")
+    parser.add_argument("--triton-http-port", type=int,
+                        help="tritonserver's HTTP port on loopback: admit inference requests by "
+                        "each model's latency target (its config's admission_p99_ms)")
     args = parser.parse_args(argv)
     run(serve(args.listen_port, args.upstream_port, args.max_message_bytes, args.watch_pid,
-              args.listen_address), args.event_loop)
+              args.listen_address, triton_http_port=args.triton_http_port), args.event_loop)
     return 0
 
 

@@ -126,11 +126,12 @@ def http_guard(limits: GuardLimits, listen_port: int, upstream_port: int,
 
 
 def grpc_guard(max_message_bytes: int, listen_port: int, upstream_port: int,
-               watch_pid: int) -> GuardProcess:
-    """``tools.serve.grpc_guard`` on ``listen_port`` in front of tritonserver's gRPC port."""
+               watch_pid: int, triton_http_port: int) -> GuardProcess:
+    """``tools.serve.grpc_guard`` on ``listen_port`` in front of tritonserver's gRPC port; it
+    reads the models' latency targets from tritonserver's HTTP port (``tools.serve.admission``)."""
     return GuardProcess("the gRPC guard", [
         sys.executable, "-m", "tools.serve.grpc_guard",
         "--listen-port", str(listen_port), "--upstream-port", str(upstream_port),
         "--max-message-bytes", str(max_message_bytes),
-        "--watch-pid", str(watch_pid),
+        "--watch-pid", str(watch_pid), "--triton-http-port", str(triton_http_port),
     ], listen_port)

@@ -903,12 +903,29 @@ def run(main: object, event_loop: str = "auto") -> None:
     asyncio.run(main)
 
 
+def slo_admission_for(config_port: int) -> Admission | None:
+    """Admission by each model's latency target (``tools/serve/admission.py``), reading the
+    configs from tritonserver's HTTP port ``config_port``; None where that file is missing (an
+    image that copied the guards without it: then every request is admitted, as before)."""
+    try:
+        from tools.serve.admission import SloAdmission
+    except ImportError:
+        try:  # a file beside this one, as the CPU image runs it
+            from admission import SloAdmission  # type: ignore[no-redef]
+        except ImportError:
+            print("guard: no tools/serve/admission.py beside the guard: requests are admitted "
+                  "without a latency target", file=sys.stderr, flush=True)
+            return None
+    return SloAdmission(config_port, Overloaded)
+
+
 async def serve(listen_port: int, upstream_port: int, limits: GuardLimits,
                 watch_pid: int | None = None, listen_address: str = LOOPBACK,
-                drain_s: float = 60.0) -> None:
+                drain_s: float = 60.0, slo_admission: bool = True) -> None:
     """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT
     (``run_until_gone``)."""
-    guard = HttpGuard(upstream_port, limits)
+    guard = HttpGuard(upstream_port, limits,
+                      slo_admission_for(upstream_port) if slo_admission else None)
     server = await guard.listen(listen_address, listen_port)
     print(f"http guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, bodies up "
           f"to {limits.max_body_bytes} bytes", file=sys.stderr, flush=True)
@@ -926,10 +943,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--read-timeout-s", type=float, default=GuardLimits.read_timeout_s)
     parser.add_argument("--watch-pid", type=int)
     parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto")
+    parser.add_argument("--slo-admission", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     limits = GuardLimits(args.max_body_bytes, args.max_buffered_bytes, args.read_timeout_s)
-    run(serve(args.listen_port, args.upstream_port, limits, args.watch_pid, args.listen_address),
-        args.event_loop)
+    run(serve(args.listen_port, args.upstream_port, limits, args.watch_pid, args.listen_address,
+              slo_admission=args.slo_admission), args.event_loop)
     return 0
 
 

@@ -347,7 +347,8 @@ class EmbeddedServer:
                                             self._port(_TRITON_HTTP), pid))
         if self.grpc_guard is not None:
             wanted.append(guards.grpc_guard(self.grpc_guard, self._port("GRPC"),
-                                            self._port(_TRITON_GRPC), pid))
+                                            self._port(_TRITON_GRPC), pid,
+                                            self._port(_TRITON_HTTP if self.http_guard else "HTTP")))
         try:
             self._guards.start(wanted, self.log_path)
         except ServerError:

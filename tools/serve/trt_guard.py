@@ -29,7 +29,7 @@ from tools.errors import TensorRTError
 _COMPOSE_GPU = "docker compose -f docker-compose.yml -f docker-compose.gpu.yml"
 GPU_REPOSITORY = "/repositories/gpu"
 _BUILD = (f"{_COMPOSE_GPU} run --rm builder tools build-repo --target gpu --spec repository.yaml "
-          f"--output {GPU_REPOSITORY} --force")
+          f"--repository {GPU_REPOSITORY} --force")
 # --force: the spec did not change, so without it every model would be skipped as unchanged.
 REBUILD_ALL = _BUILD
 # A plan skipped for want of a GPU: the builder of the gpu override (GPU reserved) builds it; the

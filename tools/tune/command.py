@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from tools.command import ToolCommand
+from tools.command import (
+    ToolCommand,
+    data_option,
+    grpc_url_option,
+    option,
+    protocol_option,
+    slo_file_option,
+    spec_option,
+    url_option,
+)
 from tools.errors import UserInputError
 from tools.tune.confirm import MIN_REPEATS
 from tools.tune.run import TuneOptions, tune as run_tune
@@ -31,34 +40,32 @@ def _ascending(value: str | None, option: str, kind: type) -> tuple:
 
 
 @click.command("tune", cls=ToolCommand)
-@click.option("--scenario", required=True,
-              help="Pipeline (or model) of the spec's cpu target, e.g. text_embedding.")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
+@option("--scenario", required=True, metavar="NAME",
+        help="Pipeline (or model) of the spec's cpu target, e.g. text_embedding.")
+@protocol_option(["http", "grpc"], "grpc", "Client protocol of every point.")
 @click.option("--budget-minutes", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Wall time new trials may take (resumed trials cost nothing; the winner's "
               "confirmation comes after).")
-@click.option("--url", help="HTTP host:port of a running server to tune (models reloaded through "
-              "its admin API; needs $TRITON_ADMIN_KEY). Default: the embedded server.")
-@click.option("--grpc-url", help="gRPC host:port of that server (default: its host, port 8001).")
+@url_option("a running server to tune (models reloaded through its admin API; needs "
+            "$TRITON_ADMIN_KEY). Default: the embedded server.")
+@grpc_url_option("that server (default: its host, port 8001).")
 @click.option("--admin-header", default=COMPOSE_ADMIN_HEADER, show_default=True,
               help="With --url: the header the server expects the admin key in.")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("repository.yaml"), show_default=True)
+@spec_option("The spec to tune (--write patches it).")
 @click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
               default=Path("model_repository"), show_default=True,
               help="Built repository of the spec: its exports are reused by every trial.")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path),
               default=Path("reports/tune"), show_default=True,
               help="Results go to OUTPUT/<scenario>/.")
-@click.option("--data", type=click.Path(exists=True, path_type=Path),
-              help="Payloads instead of the shipped ones (as tools loadtest --data).")
+@data_option()
 @click.option("--start", "overrides", multiple=True, metavar="MODEL.KNOB=VALUE",
               help="Start from other values than the spec's (repeatable), e.g. "
               "minilm_encoder.threads=1. Knobs: instances, threads, max_queue_delay_microseconds, "
               "preferred_batch_size (8, 4/8 or none), max_queue_size.")
-@click.option("--concurrency", default="4,8,16", show_default=True,
-              help="Closed-loop levels of each trial, climbed until P99 misses the target or "
-              "throughput stops growing.")
+@option("--concurrency", default="4,8,16", show_default=True,
+        help="Closed loop: requests in flight, the levels of each trial, climbed until P99 "
+        "misses the target or throughput stops growing.")
 @click.option("--rate", "rates", default=None, metavar="R1,R2,...",
               help="Open loop instead: arrival rates (req/s) climbed until one misses the "
               "target, then bisected (--refine) to the highest rate that meets it.")
@@ -68,10 +75,9 @@ def _ascending(value: str | None, option: str, kind: type) -> tuple:
               help="Unmeasured seconds before each point.")
 @click.option("--duration", type=click.FloatRange(min=1, max=MAX_POINT_S), default=8.0,
               show_default=True, help="Measured seconds of each point.")
-@click.option("--slo", "slo_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              show_default="the spec's: loadtests/slo.yaml or slo.yaml beside it, else "
-              "loadtests/slo.yaml of this project")
-@click.option("--profile", default="cpu", show_default=True, help="SLO profile.")
+@slo_file_option(old_names=("--slo",))
+@option("--slo-profile", default="cpu", show_default=True, old_names=("--profile",),
+        help="Profile of the SLO file.")
 @click.option("--p99-ms", type=click.FloatRange(min=0, min_open=True),
               help="P99 target over the SLO file's; enough alone for a scenario without an entry.")
 @click.option("--max-error-ratio", type=click.FloatRange(min=0, max=1),
@@ -88,7 +94,7 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
          grpc_url: str | None, admin_header: str, spec_path: Path, repository: Path,
          output: Path, data: Path | None, overrides: tuple[str, ...], concurrency: str,
          rates: str | None, refine: int, warmup: float, duration: float, slo_file: Path | None,
-         profile: str, p99_ms: float | None, max_error_ratio: float | None, min_gain: float,
+         slo_profile: str, p99_ms: float | None, max_error_ratio: float | None, min_gain: float,
          repeats: int, fresh: bool, write: bool) -> None:
     """Find the instances, threads and batching of SCENARIO's models that give the most
     throughput with P99 and errors within the target, by measurement.
@@ -109,7 +115,7 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
         repository=repository, output=output, overrides=overrides,
         concurrency=_ascending(concurrency, "--concurrency", int),
         rates=_ascending(rates, "--rate", float), refine=refine, warmup_s=warmup,
-        duration_s=duration, slo_file=slo_file, profile=profile, p99_ms=p99_ms,
+        duration_s=duration, slo_file=slo_file, profile=slo_profile, p99_ms=p99_ms,
         max_error_ratio=max_error_ratio, min_gain=min_gain, fresh=fresh, write=write, data=data,
         repeats=repeats)
     if not options.concurrency and not options.rates:

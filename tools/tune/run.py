@@ -14,7 +14,7 @@ from typing import Any
 from tools.build_repo.spec import load_spec, parse_spec_text
 from tools.errors import SpecError, ToolkitError, UserInputError
 from tools.load.scenario import build_scenario
-from tools.loadtest.slo import default_slo_file, scenario_slo
+from tools.slo import default_slo_file, scenario_slo
 from tools.tune.confirm import MIN_REPEATS, Confirmation, confirm
 from tools.tune.context import export_hashes, resume_context, spec_hash
 from tools.tune.knobs import (

@@ -242,7 +242,7 @@ def check_baseline(spec: RepoSpec, baseline: Path, models: Sequence[str], target
     from tools.build_repo import config as cfg
     from tools.build_repo.ensemble import render_all
 
-    rebuild = f"tools build-repo --spec {spec.path} --output {baseline}"
+    rebuild = f"tools build-repo --spec {spec.path} --repository {baseline}"
     missing = [m for m in models if not (baseline / m / "config.pbtxt").is_file()]
     if missing or not (baseline / MANIFEST_NAME).is_file():
         raise UserInputError(f"--repository {baseline}: no built {', '.join(missing) or 'manifest'}"

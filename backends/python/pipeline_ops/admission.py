@@ -2,23 +2,28 @@
 
 Under overload the encoder's queue is full and Triton refuses new requests there, but only after
 the tokenizer has tokenized them: at 4x offered load that work took 0.17 of this machine's 2
-cores away from the encoder (README, Reliability under faults). A ``QueueGate`` in the first
-step reads how many requests the later models already hold queued (Triton's real-time gauge
-``nv_inference_pending_request_count`` on the metrics endpoint, polled by a background thread).
-Without ``max_wait_s`` it refuses the excess at once with UNAVAILABLE (HTTP 503), before any
-tokenization. With it, a batch waits for room; the requests behind it then wait in Triton's own
-queue for this step, which refuses the excess in the server (refusing in the stub cost a stub
-round trip per request: goodput 0.59-0.84 against 0.74-0.87 holding).
+cores away from the encoder (docs/reliability.md). A ``QueueGate`` in the first step reads how
+many requests the later models already hold queued (Triton's real-time gauge
+``nv_inference_pending_request_count``) and how fast they finish them (the counter
+``nv_inference_request_success``) on the metrics endpoint, polled by a background thread. By
+Little's law their queue is worth ``pending / rate`` seconds; the gate keeps that under its delay
+budget (``DRAIN_FACTOR`` times the pipeline's P99 objective, ``admission_p99_ms``) and under
+``admission_max_pending``. Without ``max_wait_s`` it refuses the excess at once with UNAVAILABLE
+(HTTP 503), before any tokenization. With it, a batch waits for room; the requests behind it
+then wait in Triton's own queue for this step, which refuses the excess in the server (refusing
+in the stub cost a stub round trip per request: goodput 0.59-0.84 against 0.74-0.87 holding).
 
-The gate fails open: while the metrics endpoint cannot be read, every request is admitted and
-the later models' own queue policies (``max_queue_size``), or this gate's step's, still bound
-the backlog.
+Where the guards run (``tools serve``, the CPU image) they admit by latency first
+(``tools/serve/admission.py``) and this gate seldom holds; it bounds the backlog where they do
+not (tritonserver alone). It fails open: while the metrics endpoint cannot be read, every
+request is admitted and the later models' own queue policies, or this step's, still bound it.
 """
 
 from __future__ import annotations
 
 import http.client
 import logging
+import math
 import os
 import re
 import threading
@@ -36,25 +41,65 @@ DEFAULT_INTERVAL_S = 0.01
 # own queue refused a fifth of 3,500 req/s of short texts).
 MIN_READ_AGE_S = DEFAULT_INTERVAL_S
 IDLE_AFTER_S = 1.0  # no request for this long: stop reading the metrics until the next one
-_PENDING = re.compile(r'^nv_inference_pending_request_count\{model="([^"]+)",[^}]*\}\s+(\S+)$', re.M)
+# The later models' queue may hold at most this many times the P99 objective of work: what
+# queues behind more is certain to be late. Not less: the gate bounds the backlog where no
+# guard runs (tritonserver alone: tests, tools bench, the NGC image), and closed-loop clients
+# there (60 users in tests/test_deploy_signal.py) wait on a slow, shared machine without being
+# refused; the guards keep the P99 itself (tools/serve/admission.py).
+DRAIN_FACTOR = 2.0
+RATE_TAU_S = 0.5  # time constant of the later models' measured rate
+_GAUGE = re.compile(r'^(nv_inference_pending_request_count|nv_inference_request_success)'
+                    r'\{model="([^"]+)",[^}]*\}\s+(\S+)$', re.M)
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one metrics reading says of the later models, summed over them and their versions.
+
+    Attributes:
+        pending: Requests queued, not yet executing.
+        done: Requests they have answered successfully since they loaded (a counter).
+    """
+
+    pending: int
+    done: float
+
+
+def read_models(metrics_text: str, models: Sequence[str]) -> Reading:
+    """The ``Reading`` of ``models`` in a Prometheus text from tritonserver's metrics port."""
+    wanted, pending, done = set(models), 0.0, 0.0
+    for family, name, value in _GAUGE.findall(metrics_text):
+        if name in wanted:
+            if family == "nv_inference_pending_request_count":
+                pending += float(value)
+            else:
+                done += float(value)
+    return Reading(int(pending), done)
 
 
 def pending_requests(metrics_text: str, models: Sequence[str]) -> int:
     """Requests queued (not yet executing) at ``models``, summed over their versions."""
-    wanted = set(models)
-    return int(sum(float(v) for name, v in _PENDING.findall(metrics_text) if name in wanted))
+    return read_models(metrics_text, models).pending
 
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """The gate's parameters: ``admission_models`` (comma-separated), ``admission_max_pending``."""
+    """The gate's parameters: ``admission_models`` (comma-separated), ``admission_max_pending``,
+    ``admission_max_wait_ms`` and the P99 objective ``admission_p99_ms`` (rendered by
+    ``tools build-repo`` from the SLO file)."""
 
     models: tuple[str, ...]
     max_pending: int
     metrics_url: str = DEFAULT_METRICS_URL
     interval_s: float = DEFAULT_INTERVAL_S
     max_wait_s: float = 0.0  # ``admission_max_wait_ms``: hold a batch this long for room
+    p99_s: float | None = None  # ``admission_p99_ms``: the delay budget is DRAIN_FACTOR x it
+
+    @property
+    def delay_budget_s(self) -> float | None:
+        """How long the later models' queue may take to drain, or None (no objective)."""
+        return None if self.p99_s is None else DRAIN_FACTOR * self.p99_s
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], model: str,
@@ -62,7 +107,8 @@ class AdmissionSettings:
         """The settings, or ``None`` when the config names no ``admission_models``.
 
         Raises:
-            ConfigurationError: ``admission_max_pending`` is missing or not a positive integer.
+            ConfigurationError: ``admission_max_pending`` is missing or not a positive integer,
+                ``admission_max_wait_ms`` not a whole number, ``admission_p99_ms`` not positive.
         """
         models = tuple(m.strip() for m in params.get("admission_models", "").split(",") if m.strip())
         if not models:
@@ -79,9 +125,18 @@ class AdmissionSettings:
                 f"model '{model}': parameter 'admission_max_wait_ms' must be a whole number of "
                 f"milliseconds (0 or more), got {wait!r}"
             )
+        p99 = params.get("admission_p99_ms")
+        try:
+            p99_s = None if p99 is None else float(p99) / 1000
+        except ValueError:
+            p99_s = -1.0
+        if p99_s is not None and not p99_s > 0:
+            raise ConfigurationError(
+                f"model '{model}': parameter 'admission_p99_ms' must be a positive number of "
+                f"milliseconds, got {p99!r}")
         env = os.environ if environ is None else environ
         return cls(models, int(raw), env.get(METRICS_URL_ENV) or DEFAULT_METRICS_URL,
-                   max_wait_s=int(wait) / 1000)
+                   max_wait_s=int(wait) / 1000, p99_s=p99_s)
 
 
 class MetricsReader:
@@ -113,24 +168,37 @@ class MetricsReader:
 class QueueGate:
     """How many more requests the later models can take, refreshed every ``interval_s``.
 
-    ``admit(n)`` answers how many of ``n`` requests to let through and counts them against the
-    room of the last reading, so a burst between two readings cannot overfill the queue. When
-    the room runs out before the next reading, the gate reads again at once (at most every
-    ``MIN_READ_AGE_S``) rather than refuse on a stale figure: most admitted requests have left
-    the queue by then, and refusing on the count alone throttled 32 closed-loop users at
-    1,100 req/s.
+    The room of a reading is ``min(max_pending, rate × delay budget) - pending``, ``rate`` being
+    the later models' measured throughput while they had a queue (until first measured, and
+    without an objective, ``max_pending`` alone). ``admit(n)`` answers how many of ``n``
+    requests to let through and counts them against that room, so a burst between two readings
+    cannot overfill the queue. When the room runs out before the next reading, the gate reads
+    again at once (at most every ``MIN_READ_AGE_S``) rather than refuse on a stale figure: most
+    admitted requests have left the queue by then, and refusing on the count alone throttled 32
+    closed-loop users at 1,100 req/s.
+
+    Args:
+        settings: The gate's parameters.
+        fetch: Reads the metrics text of a URL (``MetricsReader`` by default).
+        start: Start the polling thread (tests drive ``refresh`` and ``poll_once`` themselves).
+        clock: Seconds, monotonic; ``sleep`` waits that many seconds (both injectable for tests).
     """
 
     def __init__(self, settings: AdmissionSettings,
-                 fetch: Callable[[str], str] | None = None, start: bool = True) -> None:
+                 fetch: Callable[[str], str] | None = None, start: bool = True,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.settings = settings
         self._fetch = fetch or MetricsReader()
+        self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._room: int | None = None  # None: no reading yet (or the last one failed): fail open
+        self.rate: float | None = None  # the later models' answers/s while they had a queue
+        self._last: tuple[float, Reading] | None = None
         self._stop = threading.Event()
         self._warned = False
-        self._last_admit = 0.0
-        self._read_at = 0.0
+        self._last_admit = -math.inf
+        self._read_at = -math.inf
         self._busy = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="queue-gate", daemon=True)
         if start:
@@ -139,39 +207,67 @@ class QueueGate:
     def refresh(self) -> None:
         """Read the metrics once; on failure the gate admits everything until a reading works."""
         try:
-            pending = pending_requests(self._fetch(self.settings.metrics_url), self.settings.models)
+            reading = read_models(self._fetch(self.settings.metrics_url), self.settings.models)
         except Exception as exc:  # noqa: BLE001 - any failure to read means: fail open
             with self._lock:
-                self._room = None
+                self._room, self._last = None, None
             if not self._warned:
                 log.warning("queue gate: cannot read %s/metrics (%s); admitting every request",
                             self.settings.metrics_url, exc)
                 self._warned = True
             return
+        now = self._clock()
         with self._lock:
-            self._room = max(0, self.settings.max_pending - pending)
-            self._read_at = time.monotonic()
+            self._measure(now, reading)
+            self._room = max(0, self.limit() - reading.pending)
+            self._read_at = now
+
+    def _measure(self, now: float, reading: Reading) -> None:
+        """Update ``rate`` from the answers since the last reading, if the models had a queue
+        then (only a queue that never ran dry shows how fast they go)."""
+        last, self._last = self._last, (now, reading)
+        if last is None or now <= last[0] or last[1].pending == 0 or reading.done < last[1].done:
+            return
+        rate = (reading.done - last[1].done) / (now - last[0])
+        keep = math.exp(-(now - last[0]) / RATE_TAU_S)
+        self.rate = rate if self.rate is None else keep * self.rate + (1 - keep) * rate
+
+    def limit(self) -> int:
+        """The most requests the later models may hold queued now."""
+        budget = self.settings.delay_budget_s
+        if budget is None or self.rate is None:
+            return self.settings.max_pending
+        return min(self.settings.max_pending, max(1, math.floor(self.rate * budget)))
+
+    def poll_once(self) -> float | None:
+        """One step of the polling thread: read if due; the seconds until the next step, or None
+        when the gate is idle (no request for ``IDLE_AFTER_S``: it waits for the next one)."""
+        now = self._clock()
+        if now - self._last_admit > IDLE_AFTER_S:
+            with self._lock:
+                self._room, self._last = None, None  # stale once idle: admitted until read
+            return None
+        age = now - self._read_at  # a held batch may have just read
+        if age >= self._interval():
+            self.refresh()
+            age = 0.0
+        return max(0.0, self._interval() - age)
 
     def _poll(self) -> None:
-        """Read every ``interval_s`` while requests arrive; idle (none for ``IDLE_AFTER_S``), read
-        nothing until the next one, so an idle server spends no CPU on the gate."""
+        """Read every ``interval_s`` while requests arrive; idle, read nothing until the next
+        one, so an idle server spends no CPU on the gate."""
         while not self._stop.is_set():
-            if time.monotonic() - self._last_admit > IDLE_AFTER_S:
-                with self._lock:
-                    self._room = None  # stale once idle: the next burst is admitted until read
+            wait = self.poll_once()
+            if wait is None:
                 self._busy.clear()
                 self._busy.wait()
-                continue
-            age = time.monotonic() - self._read_at  # a held batch may have just read
-            if age >= self._interval():
-                self.refresh()
-                age = 0.0
-            self._stop.wait(max(0.0, self._interval() - age))
+            else:
+                self._stop.wait(wait)
 
     def _interval(self) -> float:
         """``interval_s`` while less than half the room is left, five times longer otherwise."""
         room = self._room
-        pressed = room is not None and room < self.settings.max_pending / 2
+        pressed = room is not None and room < self.limit() / 2
         return self.settings.interval_s * (1 if pressed else 5)
 
     def admit(self, count: int) -> int:
@@ -183,7 +279,7 @@ class QueueGate:
         behind them wait in Triton's own queue for this model, whose queue policy refuses the
         excess (timeout, ``max_queue_size``) in the server, without a round trip to this stub.
         """
-        self._last_admit = now = time.monotonic()
+        self._last_admit = now = self._clock()
         if not self._busy.is_set():
             self._busy.set()
         deadline = now + self.settings.max_wait_s
@@ -198,9 +294,9 @@ class QueueGate:
             if age <= MIN_READ_AGE_S:
                 if now + MIN_READ_AGE_S - age > deadline:
                     break
-                time.sleep(MIN_READ_AGE_S - age)
+                self._sleep(MIN_READ_AGE_S - age)
             self.refresh()
-            now = time.monotonic()
+            now = self._clock()
             if now > deadline:
                 break
         with self._lock:
@@ -213,8 +309,8 @@ class QueueGate:
     def refusal(self) -> Overloaded:
         """The error a refused request gets."""
         return Overloaded(
-            f"overloaded: {', '.join(self.settings.models)} already hold "
-            f"{self.settings.max_pending} queued requests; retry later"
+            f"overloaded: {', '.join(self.settings.models)} already hold {self.limit()} queued "
+            f"requests; retry later"
         )
 
     def close(self) -> None:

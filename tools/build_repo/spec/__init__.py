@@ -17,6 +17,7 @@ from tools.build_repo.spec.settings import (
     GpuSpec,
     PythonRecipeSpec,
     QualitySetSpec,
+    QualityWaiverSpec,
     QueuePolicySpec,
     RecipeSpec,
     StepSpec,
@@ -33,7 +34,7 @@ from tools.build_repo.spec.values import (
 __all__ = [
     "BATCH_AXIS", "DTYPES", "RECIPE_KINDS", "REPOSITORY_YAML", "SECTIONS", "TARGETS", "AxisSpec",
     "CpuSpec", "DynamicBatchingSpec", "Entry", "GpuSpec", "ModelSpec", "PaddedTensorSpec",
-    "PipelineSpec", "PythonModelSpec", "PythonRecipeSpec", "QualitySetSpec", "QueuePolicySpec", "RecipeSpec",
+    "PipelineSpec", "PythonModelSpec", "PythonRecipeSpec", "QualitySetSpec", "QualityWaiverSpec", "QueuePolicySpec", "RecipeSpec",
     "RepoSpec", "StepSpec", "TensorSpec", "WarmupSpec", "load_spec", "parse_spec",
     "parse_spec_text", "problem_line", "resolve_file", "resolve_reference", "spec_hash",
 ]

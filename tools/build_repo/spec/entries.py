@@ -179,10 +179,12 @@ class ModelSpec:
         if ov_int8 and self.cpu.calibration_texts is None:
             rules.add(("cpu", "calibration_texts"), "is required with runtime: openvino and "
                       "optimize: int8 (static quantization measures activation ranges on them)")
-        if not ov_int8 and self.cpu.calibration_texts is not None:
-            rules.add(("cpu", "calibration_texts"), "is used only with runtime: openvino and "
-                      f"optimize: int8, got runtime: {self.cpu.runtime}, optimize: "
-                      f"{self.cpu.optimize} (ONNX Runtime's dynamic int8 needs no calibration)")
+        for key, unset in (("calibration_texts", None), ("calibrate_on_tune", ()),
+                           ("smooth_quant_alpha", None)):
+            if not ov_int8 and getattr(self.cpu, key) != unset:
+                rules.add(("cpu", key), "is used only with runtime: openvino and "
+                          f"optimize: int8, got runtime: {self.cpu.runtime}, optimize: "
+                          f"{self.cpu.optimize} (ONNX Runtime's dynamic int8 needs no calibration)")
         if self.cpu.precision == "bf16" and self.cpu.runtime != "openvino":
             rules.add(("cpu", "precision"), "bf16 needs runtime: openvino (ONNX Runtime's CPU "
                       "provider runs these graphs in fp32)")

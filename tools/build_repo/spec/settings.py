@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
+
+from tools.build_repo.quality_sets import check_family
 
 from tools.typed_yaml import (
     Identifier,
@@ -16,6 +18,7 @@ from tools.typed_yaml import (
     PositiveInt,
     Reference,
     Rules,
+    fail,
     null_allowed,
     strict,
 )
@@ -24,11 +27,14 @@ from tools.typed_yaml import (
 class QueuePolicySpec:
     """``default_queue_policy``: a bounded queue whose requests time out and are rejected."""
 
-    max_queue_size: PositiveInt = Field(
-        64, description="`default_queue_policy { max_queue_size }`."
+    max_queue_size: NonNegativeInt = Field(
+        64, description="`default_queue_policy { max_queue_size }`; 0: no bound on the length, "
+        "only the timeout."
     )
     default_timeout_microseconds: PositiveInt = Field(
-        1_000_000, description="`default_queue_policy { default_timeout_microseconds }`."
+        1_000_000, description="`default_queue_policy { default_timeout_microseconds }`, "
+        "rendered at most the model's P99 objective from the SLO file (a request that waited "
+        "that long has missed it)."
     )
     timeout_action: Literal["REJECT", "DELAY"] = Field(
         "REJECT",
@@ -56,8 +62,11 @@ class DynamicBatchingSpec:
         description="`default_queue_policy { timeout_action, default_timeout_microseconds, "
         "max_queue_size }`. `null`: no queue policy, so Triton's batcher prefetches the next "
         "batch while every instance is busy and an instance that finishes starts it at once "
-        "(with a policy it waits for the next request to arrive). The queue is then unbounded: "
-        "allowed only for a model that a pipeline step's queue gate (`admission_models`) names.",
+        "(with a policy it waits for the next request to arrive). The queue length is then bound "
+        "by a pipeline step's queue gate (`admission_models`), which must name the model, and "
+        "the guards of `tools serve` admit its direct calls by its P99 objective. On the gpu "
+        "target (no guard) a model with a P99 objective in the SLO file gets a queue policy "
+        "with that timeout instead.",
     )
 
 
@@ -179,15 +188,60 @@ class GpuSpec:
     fp16_rtol: NonNegativeFloat = Field(5e-2, description="See `gpu.fp16_atol`.")
 
 
+def _family(value: str) -> str:
+    try:
+        return check_family(value)
+    except ValueError as exc:
+        raise fail("family", str(exc)) from None
+
+
+def _alpha(value: float) -> float:
+    if value != -1 and not 0 <= value <= 1:
+        raise fail("alpha", f"must be in [0, 1], or -1 (off), got {value}")
+    return value
+
+
+def _said(value: str) -> str:
+    if not value.strip():
+        raise fail("empty", "must say why (it is what a reviewer reads)")
+    return value
+
+
+@strict
+class QualityWaiverSpec:
+    """A lower cosine bound for one family of the quality set, stated in the spec and printed as
+    a WAIVED row of the build table and the manifest (never silent)."""
+
+    family: Annotated[str, AfterValidator(_family)] = Field(
+        description="The family, `axis:value` (`form:degenerate`, `length:truncated`, "
+        "`script:cjk`, ...). Its texts are judged against this `min_cosine` and left out of the other "
+        "families' rows."
+    )
+    min_cosine: float = Field(
+        gt=0, le=1, description="The bound for this family's texts: below the gate's `min_cosine`."
+    )
+    reason: Annotated[str, AfterValidator(_said)] = Field(
+        description="Why the variant is kept anyway: the measured figures and what users are told."
+    )
+
+
 @strict
 class QualitySetSpec:
     """The texts an int8 or bf16 encoder is judged on, against the fp32 ONNX model, before it is
-    served."""
+    served: every family (length, script, form) must keep `min_cosine` on every text."""
 
     texts: str = Field(
-        description="A UTF-8 file of real texts, one per line (blank lines are skipped), relative "
-        "to the spec's folder. `tools/models/data/quality_texts.txt` holds texts of many lengths "
-        "and scripts that no tuning of the quantizer has seen."
+        description="The family set, relative to the spec's folder or a reference: JSON Lines "
+        "(`.jsonl`: `text`, `form`, optional `kind` and `split: held_out | tune`) or plain UTF-8 "
+        "text, one per line (form `unlabelled`). `tools/models/data/quality_set.jsonl` holds 380 "
+        "texts by length, script and form, at least a third of each family held out "
+        "(tools/models/data/README.md)."
+    )
+    own_texts: Omittable[str] = Field(
+        None,
+        description="Your own texts, judged with `texts` (form `own` unless a `.jsonl` says "
+        "otherwise; splits not recorded are assigned deterministically, a third of each family "
+        "held out).",
     )
     tokenizer: str = Field(
         description="The `tokenizer.json` that turns the texts into the encoder's inputs: a path "
@@ -196,7 +250,8 @@ class QualitySetSpec:
     max_length: PositiveInt = Field(256, description="Truncation, special tokens included.")
     min_cosine: float = Field(
         0.99, gt=0, le=1,
-        description="Every text's embedding must have at least this cosine to its fp32 embedding.",
+        description="Every text's embedding must have at least this cosine to its fp32 embedding, "
+        "in every family (unless `waivers` lowers it for one).",
     )
     neighbours: PositiveInt = Field(
         10, description="k of the nearest-neighbour check (over the quality set, self excluded)."
@@ -205,6 +260,22 @@ class QualitySetSpec:
         0.9, gt=0, le=1,
         description="Mean over texts of |top-k(int8) ∩ top-k(fp32)| / k must be at least this.",
     )
+    waivers: tuple[QualityWaiverSpec, ...] = Field(
+        (), description="Families judged against a lower bound, each with its reason."
+    )
+
+    @model_validator(mode="after")
+    def _waivers_lower_the_bound(self) -> QualitySetSpec:
+        rules, seen = Rules(), set()
+        for i, waiver in enumerate(self.waivers):
+            if waiver.family in seen:
+                rules.add(("waivers", i, "family"), f"{waiver.family!r} is waived twice")
+            seen.add(waiver.family)
+            if waiver.min_cosine >= self.min_cosine:
+                rules.add(("waivers", i, "min_cosine"), f"must be below the gate's min_cosine "
+                          f"{self.min_cosine} (a waiver lowers the bound), got {waiver.min_cosine}")
+        rules.raise_any()
+        return self
 
 
 @strict
@@ -246,6 +317,18 @@ class CpuSpec:
         "elsewhere): a UTF-8 file of real texts, one per line, that static quantization measures "
         "activation ranges on, tokenized as `quality` says. Texts that are also in "
         "`quality.texts` are left out of calibration (the gate must judge unseen texts).",
+    )
+    calibrate_on_tune: tuple[Annotated[str, AfterValidator(_family)], ...] = Field(
+        (),
+        description="With `runtime: openvino` and `optimize: int8`: families of the quality set "
+        "(`form:degenerate`, ...) whose `tune` texts join `calibration_texts`; held-out texts "
+        "never do.",
+    )
+    smooth_quant_alpha: Omittable[Annotated[float, AfterValidator(_alpha)]] = Field(
+        None,
+        description="With `runtime: openvino` and `optimize: int8`: NNCF's SmoothQuant strength "
+        "for MatMuls, in [0, 1] (-1: off); default the transformer preset's (0.95). Chosen on the "
+        "quality set's tune part (`scripts/ov_int8_families.py`).",
     )
     runtime: Literal["onnxruntime", "openvino"] = Field(
         "onnxruntime",

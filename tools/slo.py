@@ -16,7 +16,6 @@ from pydantic import Field, TypeAdapter, model_validator
 
 from tools import paths
 from tools.errors import UserInputError
-from tools.loadtest.gate import Targets
 from tools.yaml_edit import YamlEditError, block_lines, find, set_value
 from tools.typed_yaml import (
     InvalidFile,
@@ -33,6 +32,15 @@ from tools.typed_yaml import (
 
 PROTOCOLS = ("http", "grpc")
 DEFAULT_SLO_FILE = paths.SLO_FILE
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """Service-level objectives of one scenario and protocol (no throughput target: None)."""
+
+    p99_ms: float
+    max_error_ratio: float
+    min_throughput_rps: float | None = None
 
 
 @strict

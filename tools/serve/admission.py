@@ -1,0 +1,250 @@
+"""SLO-aware admission in the guards: per model, requests in flight ≤ latency target × throughput.
+
+Little's law: the requests a model holds (queued, batched, executing, on their way back) are its
+throughput times their latency. The guard in front of tritonserver counts exactly the requests it
+has sent to a model and not yet answered, and measures how many it gets back per second, so it
+keeps each model's latency at its target by capping that count at ``target × throughput``: a
+request over the cap is refused at once (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with
+retry pushback), before tritonserver parses it. The target comes from the model's P99 objective
+in the SLO file, rendered into its config as the parameter ``admission_p99_ms`` (the guard reads
+it from tritonserver's model-config API): an ensemble and each model called directly have their
+own cap, so a direct call to an encoder is bounded like the pipeline in front of it.
+
+Little's law holds per class of requests sharing a queue, so the HTTP and the gRPC guard, each
+counting only its own requests, still keep the latency of both at the target. Before a model has
+measured its throughput the guard admits up to ``INITIAL_IN_FLIGHT`` (a cold burst at 4x would
+otherwise queue seconds of work at a model without a queue policy, and the target would then
+chase those latencies down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+LOOPBACK = "127.0.0.1"
+P99_PARAMETER = "admission_p99_ms"  # rendered by tools build-repo from the SLO file
+# The mean latency the cap starts at, as a share of the P99 objective: at the cap the queue is
+# held full, so latencies spread little around the mean. From there the measured P99 moves it.
+TARGET_SHARE = 0.75
+MIN_SHARE = 0.1  # the mean target never goes below this share of the P99 objective
+TICK_S = 0.1  # completions are counted per tick
+RATE_TAU_S = 0.5  # time constant of the throughput average; also how long it is measured first
+PEAK_TAU_S = 30.0  # how long the best throughput seen is remembered while latency is on target
+ADAPT_S = 1.0  # at most this often the mean target is corrected from the measured P99 ...
+ADAPT_SAMPLES = 50  # ... of at least this many successes since the last correction
+MIN_IN_FLIGHT = 4  # the cap never goes below this (a model that answers slowly still gets some)
+INITIAL_IN_FLIGHT = 32  # the cap until the throughput is measured (as a closed loop of 32 users)
+CONFIG_TTL_S = 10.0  # a model's target is read again after this long (it may have been reloaded)
+
+
+class LatencyLimit:
+    """The cap on one model's requests in flight: mean latency target × throughput.
+
+    By Little's law the requests in flight are throughput × latency, so capping them at
+    ``target_s × rate`` keeps the mean latency at ``target_s``. ``rate`` is the average of the
+    completions per tick (time constant ``RATE_TAU_S``); while the latency of what completes is
+    under the target, the best rate of the last ``PEAK_TAU_S`` counts instead, so that a load
+    that grows is not held to what it got so far. Once latency reaches the target, the current
+    rate alone sets the cap (the model has slowed, or other clients share it). ``target_s``
+    starts at ``TARGET_SHARE`` of the P99 objective and follows the measured P99 of the
+    successes: every ``ADAPT_S`` (given ``ADAPT_SAMPLES``) it is multiplied by
+    ``sqrt(objective / measured P99)``, within ``[MIN_SHARE, 1] × objective``. Until
+    completions have been counted for ``RATE_TAU_S`` the cap is ``INITIAL_IN_FLIGHT``.
+
+    Args:
+        p99_s: The P99 objective.
+        clock: Seconds, monotonic (``time.monotonic``; tests pass their own).
+    """
+
+    def __init__(self, p99_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.p99_s = p99_s
+        self.target_s = p99_s * TARGET_SHARE
+        self.clock = clock
+        self.in_flight = 0
+        self.rate: float | None = None  # completions/s, averaged; None until measured
+        self.peak = 0.0  # the best recent ``rate`` while on target
+        self.latency_s = 0.0  # mean latency of the successes, averaged
+        self._first: float | None = None  # the first success
+        self._tick_end = 0.0
+        self._done = 0  # successes in the tick (before the rate is measured: since the first)
+        self._latency_sum = 0.0  # their latencies
+        self._recent: list[float] = []  # success latencies since the last correction
+        self._adapt_at = 0.0
+
+    def _roll(self, now: float) -> None:
+        """Close the ticks that ended before ``now``."""
+        if self.rate is None:
+            if self._first is None or now - self._first < RATE_TAU_S:
+                return
+            self.rate = self.peak = self._done / (now - self._first)
+            self.latency_s = self._latency_sum / self._done
+            self._done, self._latency_sum = 0, 0.0
+            self._tick_end, self._adapt_at = now + TICK_S, now + ADAPT_S
+            return
+        if now < self._tick_end:
+            return
+        ticks = 1 + int((now - self._tick_end) // TICK_S)
+        keep = math.exp(-TICK_S / RATE_TAU_S)
+        self.rate = keep * self.rate + (1 - keep) * self._done / TICK_S
+        self.rate *= keep ** (ticks - 1)  # the ticks after it, without completions
+        if self._done:
+            self.latency_s = keep * self.latency_s + (1 - keep) * self._latency_sum / self._done
+        if self.latency_s >= self.target_s:
+            self.peak = self.rate
+        else:
+            self.peak = max(self.rate, self.peak * math.exp(-ticks * TICK_S / PEAK_TAU_S))
+        self._done, self._latency_sum = 0, 0.0
+        self._tick_end += ticks * TICK_S
+        if now >= self._adapt_at and len(self._recent) >= ADAPT_SAMPLES:
+            self._adapt()
+            self._adapt_at = now + ADAPT_S
+
+    def _adapt(self) -> None:
+        """Move ``target_s`` so that the P99 of the recent successes meets the objective."""
+        ordered = sorted(self._recent)
+        p99 = ordered[math.ceil(0.99 * len(ordered)) - 1]  # nearest rank, as tools.stats
+        scale = math.sqrt(self.p99_s / max(p99, 1e-3))
+        self.target_s = min(self.p99_s, max(MIN_SHARE * self.p99_s, self.target_s * scale))
+        self._recent.clear()
+
+    @property
+    def measured(self) -> bool:
+        """Whether the throughput has been measured (before: the cap is ``INITIAL_IN_FLIGHT``)."""
+        return self.rate is not None
+
+    def cap(self) -> float:
+        """The most requests in flight now."""
+        self._roll(self.clock())
+        if self.rate is None:
+            return INITIAL_IN_FLIGHT
+        return max(MIN_IN_FLIGHT, self.target_s * max(self.rate, self.peak))
+
+    def acquire(self) -> bool:
+        """Count one request in flight if the cap allows; False: refuse it."""
+        if self.in_flight + 1 > self.cap():
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self, started: float, ok: bool) -> None:
+        """One request admitted at ``started`` has been answered (``ok``: successfully)."""
+        now = self.clock()
+        self._roll(now)
+        self.in_flight -= 1
+        if not ok:  # an error says nothing of how fast the model answers
+            return
+        if self._first is None:
+            self._first = now
+        latency = now - started
+        self._done += 1
+        self._latency_sum += latency
+        self._recent.append(latency)
+        if len(self._recent) > 100 * ADAPT_SAMPLES:  # bounded between corrections
+            del self._recent[:len(self._recent) // 2]
+
+    @property
+    def retry_after_s(self) -> float:
+        """When a refused client may try again: by then what is in flight has been answered."""
+        return self.target_s
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model's P99 objective as read from its config (None: it has none), and when."""
+
+    p99_ms: float | None
+    read_at: float
+
+
+def target_of(config: dict) -> float | None:
+    """``admission_p99_ms`` of a model config (Triton's JSON form), or None."""
+    value = (config.get("parameters") or {}).get(P99_PARAMETER, {}).get("string_value")
+    try:
+        p99 = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return p99 if p99 and p99 > 0 else None
+
+
+async def fetch_config(port: int, model: str, timeout_s: float = 5.0) -> dict:
+    """``GET /v2/models/<model>/config`` from tritonserver's HTTP port on loopback."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), timeout_s)
+    try:
+        writer.write(f"GET /v2/models/{model}/config HTTP/1.1\r\nHost: {LOOPBACK}\r\n"
+                     f"Connection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), timeout_s)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = head.partition(b"\r\n")[0].decode("latin-1")
+    if not status.startswith("HTTP/1.1 200"):
+        raise OSError(f"model config of {model!r}: {status}")
+    return json.loads(body)
+
+
+class SloAdmission:
+    """Admission by latency target per model, for the HTTP and the gRPC guard (an
+    ``http_guard.Admission``).
+
+    Args:
+        config_port: tritonserver's HTTP port on loopback (its model-config API).
+        overloaded: The guard's exception for a refusal, called with the message and
+            ``retry_after_s`` (the guard runs as ``__main__``, so it hands its own class in).
+        clock: Seconds, monotonic.
+        read_config: Reads a model's config (``fetch_config`` by default).
+    """
+
+    def __init__(self, config_port: int, overloaded: type[Exception],
+                 clock: Callable[[], float] = time.monotonic,
+                 read_config: Callable[[int, str], Awaitable[dict]] | None = None) -> None:
+        self.config_port = config_port
+        self.overloaded = overloaded
+        self._read_config = read_config or fetch_config
+        self.clock = clock
+        self.limits: dict[str, LatencyLimit] = {}
+        self._targets: dict[str, Target] = {}
+        self._asking: set[str] = set()
+
+    def admit(self, model: str) -> Callable[[int], None] | None:
+        """Count a request to ``model`` in, or raise ``Overloaded``; the callable counts it out."""
+        limit = self._limit(model)
+        if limit is None:
+            return None
+        if not limit.acquire():
+            raise self.overloaded(f"model '{model}' is over its latency target ({limit.in_flight} "
+                             f"requests in flight, P99 objective {limit.p99_s * 1000:g}"
+                             f" ms); retry later", retry_after_s=limit.retry_after_s)
+        started = self.clock()
+        return lambda status: limit.release(started, status == 200)
+
+    def _limit(self, model: str) -> LatencyLimit | None:
+        target = self._targets.get(model)
+        if (target is None or self.clock() - target.read_at > CONFIG_TTL_S) \
+                and model not in self._asking:
+            self._asking.add(model)
+            asyncio.get_running_loop().create_task(self._read_target(model))
+        if target is None or target.p99_ms is None:
+            return None
+        p99_s = target.p99_ms / 1000
+        limit = self.limits.get(model)
+        if limit is None or limit.p99_s != p99_s:
+            limit = self.limits[model] = LatencyLimit(p99_s, self.clock)
+        return limit
+
+    async def _read_target(self, model: str) -> None:
+        try:
+            p99 = target_of(await self._read_config(self.config_port, model))
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            if model not in self._targets:
+                print(f"admission: no latency target for model {model!r} ({exc}); its requests "
+                      f"are admitted", file=sys.stderr, flush=True)
+            p99 = None
+        finally:
+            self._asking.discard(model)
+        self._targets[model] = Target(p99, self.clock())
