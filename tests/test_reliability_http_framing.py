@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from tools.serve.http_guard import GuardLimits
 from tools.serve.server import EmbeddedServer
+from waits import child_running
 
 pytestmark = pytest.mark.reliability
 
@@ -48,8 +49,7 @@ def guarded(toy_repository: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def _guard_process(server: EmbeddedServer) -> psutil.Process:
     port = server.http_url.rpartition(":")[2]
-    return next(p for p in psutil.Process().children()
-                if "tools.serve.http_guard" in p.cmdline() and port in p.cmdline())
+    return child_running("tools.serve.http_guard", port)
 
 
 def _expand(template: str, host: str) -> bytes:

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from tools.net import port_in_use
+from waits import child_running
 
 pytestmark = pytest.mark.server
 
@@ -105,8 +106,7 @@ def _rss_mib(proc: psutil.Process) -> float:
 
 def test_a_200_mb_request_is_refused_with_resource_exhausted_and_memory_stays_flat(guarded):
     port = guarded.grpc_url.rpartition(":")[2]
-    guard = next(p for p in psutil.Process().children()
-                 if "tools.serve.grpc_guard" in p.cmdline() and port in p.cmdline())
+    guard = child_running("tools.serve.grpc_guard", port)
     triton = psutil.Process(guarded.pid)
     before = {"triton": _rss_mib(triton), "guard": _rss_mib(guard)}
     peak = dict(before)

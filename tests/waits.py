@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 # The toy model (tests/fixtures/toy_repository/toy_double) appends one line per request it
@@ -110,3 +112,16 @@ def read_by_peer(sock: socket.socket) -> bool:
     ours, theirs = sock.getsockname()[1], sock.getpeername()[1]
     queues = _tcp_queues()
     return queues.get((ours, theirs), (1, 0))[0] == 0 and queues.get((theirs, ours)) == (0, 0)
+
+
+def child_running(*args: str) -> psutil.Process:
+    """This process's child whose command line holds every one of ``args`` (children that
+    already exited, an earlier test's zombies, are passed over). Raises ``StopIteration``."""
+    for child in psutil.Process().children():
+        try:
+            cmdline = child.cmdline()
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+        if all(arg in cmdline for arg in args):
+            return child
+    raise StopIteration(f"no running child with {args}")
