@@ -66,15 +66,13 @@ class Sender(ABC):
         return response
 
 
-class TritonGrpc(Sender):
-    """``tritonclient.grpc.aio``: one channel, binary tensors."""
+class _TritonClient(Sender):
+    """A sender over one of tritonclient's aio modules; tensors go as binary data."""
 
-    kind = protocol = "grpc"
+    binary: ClassVar[dict[str, bool]] = {}  # the tensor options of the module (binary data over HTTP)
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str, module: Any, **options: Any) -> None:
         super().__init__(url, **options)
-        import tritonclient.grpc.aio as module
-
         self._module = module
         self._client: Any = None
 
@@ -83,10 +81,26 @@ class TritonGrpc(Sender):
         inputs = []
         for name, array in request.inputs.items():
             item = mod.InferInput(name, list(array.shape), triton_dtype(array))
-            item.set_data_from_numpy(array)
+            item.set_data_from_numpy(array, **self.binary)
             inputs.append(item)
-        outputs = [mod.InferRequestedOutput(n) for n in request.outputs] or None
+        outputs = [mod.InferRequestedOutput(n, **self.binary) for n in request.outputs] or None
         return request.model, inputs, outputs
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+class TritonGrpc(_TritonClient):
+    """``tritonclient.grpc.aio``: one channel, binary tensors."""
+
+    kind = protocol = "grpc"
+
+    def __init__(self, url: str, **options: Any) -> None:
+        import tritonclient.grpc.aio as module
+
+        super().__init__(url, module, **options)
 
     async def open(self, slots: int) -> None:
         self._client = self._module.InferenceServerClient(self.url)
@@ -101,33 +115,17 @@ class TritonGrpc(Sender):
                 raise SendError(CLIENT_TIMEOUT) from exc
             raise
 
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
-
-class TritonHttp(Sender):
+class TritonHttp(_TritonClient):
     """``tritonclient.http.aio``: a keep-alive pool of ``slots`` connections, binary tensors."""
 
     kind = protocol = "http"
+    binary: ClassVar[dict[str, bool]] = {"binary_data": True}
 
     def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, **options)
         import tritonclient.http.aio as module
 
-        self._module = module
-        self._client: Any = None
-
-    def prepare(self, request: Request) -> Any:
-        mod = self._module
-        inputs = []
-        for name, array in request.inputs.items():
-            item = mod.InferInput(name, list(array.shape), triton_dtype(array))
-            item.set_data_from_numpy(array, binary_data=True)
-            inputs.append(item)
-        outputs = [mod.InferRequestedOutput(n, binary_data=True) for n in request.outputs] or None
-        return request.model, inputs, outputs
+        super().__init__(url, module, **options)
 
     async def open(self, slots: int) -> None:
         self._client = self._module.InferenceServerClient(self.url, conn_limit=max(slots, 1))
@@ -141,11 +139,6 @@ class TritonHttp(Sender):
             return await asyncio.wait_for(call, self.timeout_s)
         except asyncio.TimeoutError:
             raise SendError(CLIENT_TIMEOUT) from None
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
 
 def http_request_bytes(host: str, path: str, body: bytes,
