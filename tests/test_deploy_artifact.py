@@ -184,6 +184,21 @@ def test_package_refuses_a_repository_that_does_not_match_its_manifest(tmp_path)
         package(make_repository(tmp_path / "b"), "tf/models:v1", "copier:1", engine="podman", run=Engine())
 
 
+@pytest.mark.parametrize("name", ["$REGISTRY/models", "/models", "tf//models", "tf/Models",
+                                  "tf/models-", "registry.example:port/models"])
+def test_package_refuses_what_is_not_an_image_name_before_any_engine_call(tmp_path, name):
+    engine = Engine()
+    with pytest.raises(UserInputError, match=r"--name .*: not an image name"):
+        package(make_repository(tmp_path), name, "copier:1", engine="podman", run=engine)
+    assert engine.commands == []
+
+
+@pytest.mark.parametrize("name", ["models", "tf/models", "localhost:5000/tf/models",
+                                  "registry.example/triton-forge/my_model__v2"])
+def test_image_names_of_the_reference_grammar_are_taken(name):
+    assert artifact.IMAGE_NAME.fullmatch(name)
+
+
 def test_the_record_round_trips_and_a_bad_one_names_the_problem(tmp_path):
     repo = make_repository(tmp_path)
     record = package(repo, "tf/models", "copier:1", engine="podman", run=Engine())

@@ -40,6 +40,13 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 ENGINE_TIMEOUT_S = 1800
 
 
+# An image name as the distribution reference grammar has it (docker/distribution reference.go):
+# an optional registry host (with port) and slash-separated lowercase path components.
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_NAME = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*")
+
+
 class ArtifactError(ToolkitError):
     """Building or reading the artifact failed (the engine's output is in the message)."""
 
@@ -257,6 +264,10 @@ def package(
     if ":" in image.rsplit("/", 1)[-1] or "@" in image:
         raise UserInputError(f"--name {image!r}: give the image name without a tag or digest "
                              "(the tag is made from the manifest's hash)")
+    if not IMAGE_NAME.fullmatch(image):
+        raise UserInputError(f"--name {image!r}: not an image name ([registry[:port]/]path of "
+                             "lowercase letters, digits and . _ - separators, e.g. "
+                             "registry.example/triton-forge/models); an unexpanded variable?")
     verified = verify_repository(repository)
     if not verified.ok:
         shown = "; ".join(verified.problems[:5])
