@@ -179,6 +179,10 @@ def test_the_winner_is_confirmed_only_when_its_median_beats_the_start_within_tar
     assert verdict(start, _side("winner", [50, 55, 52], [400, 420, 410]), PLAN)[0]
     slower, why = verdict(start, _side("winner", [39, 45, 40], [400, 420, 410]), PLAN)
     assert not slower and "does not beat the start's 41.0 req/s" in why
+    # a start that is faster only in repeats past the target does not beat a winner within it
+    late_start = _side("start", [60, 62, 58], [300, 900, 950])
+    beaten, why = verdict(late_start, _side("winner", [50, 55, 52], [400, 420, 410]), PLAN)
+    assert beaten and "2 of the start's 3 repeats missed the target" in why
     late, why = verdict(start, _side("winner", [50, 55, 52], [700, 650, 500]), PLAN)
     assert not late and "median P99 650 ms" in why
     assert Spread.of([3.0, None, 1.0, 2.0]).text() == "1.0 / 2.0 / 3.0"
