@@ -22,7 +22,8 @@ from loadtests import scenarios
 from loadtests.users import close_grpc_clients
 from tools import stats
 from tools.errors import UserInputError
-from tools.loadtest import gate, triton_stats
+from tools.load import triton_stats
+from tools.loadtest import gate
 from tools.slo import DEFAULT_SLO_FILE, scenario_slo
 
 logger = logging.getLogger("loadtests")

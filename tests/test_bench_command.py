@@ -27,7 +27,7 @@ from tools.cli import cli
 from tools.errors import UserInputError
 from tools.load import Point
 from tools.load.scenario import UnknownScenario, build_scenario
-from tools.loadtest.triton_stats import ModelWindow
+from tools.load.triton_stats import ModelWindow
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCABULARY = len(WORDS) + 7  # save_tokenizer's WordPiece vocabulary

@@ -87,7 +87,7 @@ def _gpu_like_repository(built: Path, out: Path, buckets: tuple[int, ...] | None
 def _executions_for_concurrent_requests(server) -> tuple[int, int]:
     import tritonclient.http as http
 
-    from tools.loadtest import triton_stats
+    from tools.load import triton_stats
 
     before = triton_stats.fetch_statistics(server.http_url)["minilm_encoder"]
     barrier = threading.Barrier(len(ONE_BUCKET))

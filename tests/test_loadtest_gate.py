@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tools.errors import UserInputError
-from tools.loadtest import gate, triton_stats
+from tools.load import triton_stats
+from tools.loadtest import gate
 from tools.slo import DEFAULT_SLO_FILE, load_slo
 
 

@@ -108,7 +108,7 @@ def test_a_trial_build_that_exports_a_model_again_is_refused(tmp_path, monkeypat
 
 def test_a_point_carries_every_models_executed_batch_and_queue_split(monkeypatch):
     from tools.load import Point
-    from tools.loadtest import triton_stats
+    from tools.load import triton_stats
 
     def counters(inferences, executions, queue_ns):
         durations = dict.fromkeys(triton_stats._DURATIONS, 0)

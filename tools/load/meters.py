@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from tools.loadtest import triton_stats
+from tools.load import triton_stats
 
 
 class Meter(ABC):
@@ -37,7 +37,7 @@ class Meter(ABC):
 
 class TritonStats(Meter):
     """Triton's statistics over the window: per model, requests, executions, mean executed
-    batch, and queue vs compute time per request (``tools.loadtest.triton_stats``).
+    batch, and queue vs compute time per request (``tools.load.triton_stats``).
 
     Args:
         url: ``host:port`` of the server's HTTP endpoint.

@@ -25,7 +25,7 @@ from tools.build_repo.results import BuildResult, ModelKind, ModelStatus
 from tools.build_repo.spec import ModelSpec, RepoSpec
 from tools.errors import BuildError, UserInputError
 from tools.load.scenario import Request
-from tools.loadtest import triton_stats
+from tools.load import triton_stats
 from tools.tune.knobs import ModelKnobs, Settings
 from tools.tune.search import Score
 from tools.tune.spec_patch import apply_settings, set_cpu_cores
