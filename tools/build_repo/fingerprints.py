@@ -27,9 +27,9 @@ from tools.errors import SpecError
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules of this package (paths relative to it) that shape no artifact: the CLI, the display,
-# the result types and the old path of the manifest. Every other module (a new one included, in
+# the result types. Every other module (a new one included, in
 # a subpackage too) is part of the full key of every model.
-NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py", "manifest.py"})
+NOT_SHAPING = frozenset({"__init__.py", "command.py", "progress.py", "results.py"})
 # Modules that shape config.pbtxt, warmup, backend files or the repository layout but not the
 # exported graph or its parity: left out of the export key.
 PACKAGING_ONLY = frozenset({
