@@ -94,16 +94,22 @@ def test_no_slo_file_or_no_profile_gives_no_objective(spec):
     assert objectives(load_spec(spec), "cpu") == {}
 
 
-def test_configs_carry_the_objective_and_queues_never_wait_longer_than_it(spec):
-    (spec.parent / "slo.yaml").write_text(_slo({"search": (600, 600), "rank": (300, 300)}))
-    configs = {n: c.to_message() for n, c in render_all(load_spec(spec), "cpu").items()}
-    assert configs["search"].parameters[P99_PARAMETER].string_value == "600"
-    assert configs["rank"].parameters[P99_PARAMETER].string_value == "300"
-    prep = configs["prep"].dynamic_batching.default_queue_policy
-    assert prep.default_timeout_microseconds == 600_000, "2 s capped at the 600 ms objective"
-    assert prep.max_queue_size == 16
-    rank = configs["rank"].dynamic_batching.default_queue_policy
-    assert rank.default_timeout_microseconds == 100_000, "an explicit shorter timeout is kept"
+def test_configs_carry_the_objective_and_gpu_queues_never_wait_longer_than_it(spec):
+    (spec.parent / "slo.yaml").write_text(_slo({"search": (600, 600), "rank": (300, 300)}, "gpu")
+                                          + _slo({"search": (600, 600), "rank": (300, 300)})[
+                                              len("profiles:\n"):])
+    for target in ("cpu", "gpu"):
+        configs = {n: c.to_message() for n, c in render_all(load_spec(spec), target).items()}
+        assert configs["search"].parameters[P99_PARAMETER].string_value == "600"
+        assert configs["rank"].parameters[P99_PARAMETER].string_value == "300"
+        prep = configs["prep"].dynamic_batching.default_queue_policy
+        rank = configs["rank"].dynamic_batching.default_queue_policy
+        assert prep.max_queue_size == 16
+        assert rank.default_timeout_microseconds == 100_000, "an explicit shorter timeout is kept"
+        if target == "gpu":  # no guard in the NGC image: the queue bounds the delay
+            assert prep.default_timeout_microseconds == 600_000, "2 s capped at the objective"
+        else:  # the guards admit by latency; the spec's timeout is the backstop
+            assert prep.default_timeout_microseconds == 2_000_000
 
 
 def test_on_gpu_a_model_without_a_queue_policy_gets_a_delay_bound(spec):

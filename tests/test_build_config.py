@@ -123,8 +123,9 @@ def test_every_batching_model_rejects_overload_with_a_bounded_queue_or_sits_behi
         assert policy.default_timeout_microseconds > 0, name  # a delay bound, and on cpu a size
         assert policy.max_queue_size > 0 or target == "gpu", name
         assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT, name
-        assert policy.default_timeout_microseconds <= 1000 * float(
-            config.parameters["admission_p99_ms"].string_value), "waited out its P99 objective"
+        if target == "gpu":  # no guard: the queue itself refuses what waited out the objective
+            assert policy.default_timeout_microseconds <= 1000 * float(
+                config.parameters["admission_p99_ms"].string_value), "waited out its objective"
     if target == "gpu":  # no guard runs in the NGC image: every queue has a delay bound there
         assert unbounded == set()
         return

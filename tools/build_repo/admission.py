@@ -9,11 +9,13 @@ pipelines included). What that renders, for every model and pipeline with an obj
 - the parameter ``admission_p99_ms``, which the guards in front of tritonserver read to admit
   each model's requests by latency (``tools/serve/admission.py``), for direct calls to a model
   as for its pipelines;
-- a queue policy's timeout capped at the objective (a request that waited that long in one queue
-  has missed it; Triton refuses it there, before any backend work);
-- on the gpu target, where no guard runs (the NGC image), a model without a queue policy (the
-  cpu target leaves an encoder's out so that Triton prefetches) gets one: rejected once queued
-  longer than the objective, no size bound.
+- on the gpu target, where no guard runs (the NGC image), the queues bound the delay instead:
+  a queue policy's timeout is capped at the objective (a request that waited that long in one
+  queue has missed it; Triton refuses it there, before any backend work), and a model without a
+  queue policy gets one (rejected once queued longer than the objective, no size bound). On the
+  cpu target the guards admit by latency and the spec's timeouts stay as they are: a backstop for
+  a burst the guard lets through (ten requests at once to the image pipeline would otherwise
+  lose the last ones at a 250 ms cap).
 
 Because the configs are rendered from it, ``tools build-repo --check`` fails when the SLO file
 and a committed repository disagree.
@@ -77,12 +79,12 @@ def with_admission(config: TritonModelConfig, p99_ms: float, target: str) -> Tri
     """``config`` with the admission settings of the objective ``p99_ms`` (module docstring)."""
     parameters = tuple({**dict(config.parameters), P99_PARAMETER: f"{p99_ms:g}"}.items())
     batching = config.dynamic_batching
-    if batching is not None and config.platform != "ensemble":
+    if batching is not None and config.platform != "ensemble" and target == "gpu":
         timeout_us = max(1, round(p99_ms * 1000))
         policy = batching.queue_policy
         if policy is not None and policy.default_timeout_microseconds > timeout_us:
             policy = dataclasses.replace(policy, default_timeout_microseconds=timeout_us)
-        elif policy is None and target == "gpu":
+        elif policy is None:
             policy = QueuePolicySpec(max_queue_size=0, default_timeout_microseconds=timeout_us)
         if policy is not batching.queue_policy:
             batching = DynamicBatchingSpec(  # by alias: dataclasses.replace cannot
