@@ -45,6 +45,24 @@ def _table(run_index: int, run) -> list[str]:
     return lines
 
 
+def summary(runs, objective: float) -> list[str]:
+    """One row per run: capacity, then goodput and accepted P99 at each multiple, the misses
+    in bold (the compact table the README carries)."""
+    labels = [p.label for p in runs[0].points] if runs else []
+    lines = ["| run | capacity req/s | " + " | ".join(f"{label}: goodput, P99 ms"
+                                                    for label in labels) + " |",
+             "|---" * (2 + len(labels)) + "|"]
+    for index, run in enumerate(runs, 1):
+        cells = []
+        for point in run.points:
+            goodput, p99 = run.goodput(point), point.p99_ms or 0
+            good = f"{goodput:.2f}" if goodput >= GOODPUT_TARGET else f"**{goodput:.2f}**"
+            fast = f"{p99:.0f}" if p99 and p99 <= P99_FACTOR * objective else f"**{p99:.0f}**"
+            cells.append(f"{good}, {fast}")
+        lines.append(f"| {index} | {run.capacity.accepted_rps:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, required=True, help="a built model repository")
@@ -91,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps([{"capacity": r.capacity.__dict__,
                                           "points": [p.__dict__ for p in r.points]} for r in runs],
                                         indent=2, default=str))
+    print("\n" + "\n".join(summary(runs, objective)))
     for line in failed:
         print(f"MISS {line}")
     print(f"{len(runs) - len({f.split(',')[0] for f in failed})} of {len(runs)} runs met every "

@@ -197,3 +197,19 @@ def test_a_meter_that_fails_is_reported_and_the_load_goes_on(toy_server):
 
     assert point.requests > 0 and point.errors == 0
     assert point.models == {} and "triton" in point.meter_errors
+
+
+@pytest.mark.parametrize("kind, loop_module", [("raw-http", "uvloop"), ("http", "asyncio"),
+                                               ("grpc", "asyncio")])
+def test_the_raw_http_sender_runs_on_uvloop_and_the_tritonclient_senders_on_asyncio(
+        kind, loop_module):
+    pytest.importorskip("uvloop", reason="uvloop is a dependency on Linux; this platform has none")
+    import asyncio
+
+    from tools.load import run_loop
+
+    async def loop_type() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    sender = sender_for(kind, "127.0.0.1:1")
+    assert run_loop(loop_type(), sender).split(".")[0] == loop_module

@@ -182,7 +182,7 @@ def test_from_model_config_raises_when_an_input_has_a_string_dtype():
         RunnerConfig.from_model_config(config)
 
 
-def test_make_session_sets_threads_sequential_mode_and_no_spinning(tmp_path):
+def test_make_session_sets_threads_sequential_mode_no_spinning_and_no_memory_patterns(tmp_path):
     import onnxruntime as ort
 
     _linear_model(tmp_path / "m.onnx")
@@ -191,6 +191,7 @@ def test_make_session_sets_threads_sequential_mode_and_no_spinning(tmp_path):
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    assert options.enable_mem_pattern is False  # planned per shape and kept: only memory here
 
 
 def test_runner_raises_when_config_names_an_input_missing_from_the_graph(tmp_path):

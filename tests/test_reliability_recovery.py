@@ -79,9 +79,10 @@ class _Watcher:
     """``server.watch`` with recovery, in a thread, as ``tools serve`` runs it, with the model
     status endpoint on a free port."""
 
-    def __init__(self, server, budget: RestartBudget, backoff: Backoff = Backoff()) -> None:
+    def __init__(self, server, budget: RestartBudget, backoff: Backoff = Backoff(),
+                 stale_grace_s: float = 30.0) -> None:
         self.recovery = ModelRecovery(server.control, budget, backoff=backoff,
-                                      models=server.models)
+                                      models=server.models, stale_grace_s=stale_grace_s)
         self.events = []
         self.endpoint = StatusEndpoint(self.recovery.status, "127.0.0.1", 0).start()
         self._thread = threading.Thread(target=self._run, args=(server,), daemon=True)
@@ -150,6 +151,40 @@ def test_a_killed_stub_reloads_only_its_model_while_another_model_under_load_nev
     assert watcher.status()["toy_double"] == {"state": "ready", "restarts": 1,
                                               "restart_failures": 0, "dead_stubs": [],
                                               "next_retry_s": None, "reason": ""}
+
+
+@pytest.mark.server
+def test_no_stub_of_a_reloaded_two_instance_model_runs_on_beside_its_replacement(
+    server_factory, repository
+):
+    # Triton 2.51 under traffic: one of two stubs killed, the reload starts both anew and may
+    # never unload the old version, whose surviving stub then runs on (docs/reliability.md)
+    config = repository / "toy_double" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 1", "count: 2"))
+    server = server_factory(repository, exit_timeout_s=3)
+    watcher = _Watcher(server, RestartBudget(max_restarts=3, window_s=60), stale_grace_s=2.0)
+    slow = dict(DOUBLE, inputs=DOUBLE["inputs"] + [
+        {"name": "DELAY_MS", "shape": [1, 1], "datatype": "FP32", "data": [300]}])
+    load = HttpLoad(server.http_url, "toy_double", [slow], CLIENT_TIMEOUT_S).start(
+        users=6, duration_s=12)
+    wait_until(lambda: _ok(load.records) >= 10, 10, "the load to get 10 answers")
+    before = server.control.stub_processes()
+    os.kill(before["toy_double_0_0"], signal.SIGKILL)
+    wait_until(lambda: Outcome.RELOADED in watcher.outcomes(), 10, "the reload")
+    wait_until(lambda: not server.control.stale_stubs(), 15,
+               "no stub of the old version beside the new ones")
+    load.join()
+    stubs = {i: p for i, p in server.control.stub_processes().items()
+             if instance_model(i) == "toy_double"}
+    killed = [e for e in watcher.events if e.outcome is Outcome.STALE_KILLED]
+    print(f"stale stubs killed: {[e.describe() for e in killed]}")
+
+    assert sorted(stubs) == ["toy_double_0_0", "toy_double_0_1"]
+    assert before["toy_double_0_1"] not in stubs.values(), "both instances are new"
+    assert before["toy_double_0_1"] not in [p.pid for p in process.family(server.pid)], \
+        "the old version's surviving stub is gone (unloaded by Triton, or killed as stale)"
+    assert watcher.status()["toy_double"]["restarts"] == 1, "a stale stub is not a restart"
+    assert {e.instances for e in killed} <= {("toy_double_0_1",)}
 
 
 def _ready(server, model: str) -> bool:
@@ -300,9 +335,18 @@ class _FakeServer:
         self.calls: list[tuple[str, str]] = []
         self.fail_load: set[str] = set()
         self._next = 100
+        self.stale: dict[int, str] = {}  # old stubs a reload left running: pid -> instance
+        self.killed: list[int] = []
 
     def stub_processes(self) -> dict[str, int]:
         return dict(self.stubs)
+
+    def stale_stubs(self) -> dict[int, str]:
+        return dict(self.stale)
+
+    def kill_stub(self, pid: int) -> None:
+        self.killed.append(pid)
+        self.stale.pop(pid, None)
 
     def repository_index(self) -> list[dict]:
         return [{"name": m, "state": "READY" if m in self.loaded else "UNAVAILABLE"}
@@ -531,3 +575,26 @@ def test_status_endpoint_serves_metrics_and_status_and_follows_a_new_source():
     assert 'triton_forge_model_restarts_total{model="a"} 1' in text
     assert status["models"]["a"]["state"] == "down" and status["models"]["a"]["restarts"] == 2
     assert missing.value.code == 404
+
+
+def test_a_stub_the_reload_left_running_beside_its_replacement_is_killed_after_the_grace():
+    # Triton 2.51, a model of two instances, one stub killed under traffic: the reload starts
+    # both anew and the old version is never unloaded, so its surviving stub runs on
+    server, clock = _FakeServer(), _Clock()
+    recovery = ModelRecovery(server, RestartBudget(3, 60), clock=clock, stale_grace_s=30)
+    del server.stubs["a_0_0"]
+    old_survivor = server.stubs["a_0_1"]
+    assert [e.outcome for e in recovery.check()] == [Outcome.RELOADED]
+    server.stale = {old_survivor: "a_0_1"}  # beside the new a_0_1
+    clock.now += 1
+    assert recovery.check() == [], "first seen: the grace starts"
+    clock.now += 29
+    assert recovery.check() == [] and server.killed == [], "within the grace: finishing requests"
+    clock.now += 2
+    events = recovery.check()
+    assert server.killed == [old_survivor]
+    assert [(e.model, e.outcome, e.instances) for e in events] == [
+        ("a", Outcome.STALE_KILLED, ("a_0_1",))]
+    assert "stale Python stub of a_0_1 killed" in events[0].describe()
+    assert recovery.check() == [] and server.killed == [old_survivor]
+    assert recovery.status()["a"].restarts == 1, "a stale stub is not a restart"

@@ -291,3 +291,32 @@ def test_a_guard_copied_without_the_admission_module_admits_all_and_says_so(tmp_
     beside = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert beside.stdout.startswith("<admission.SloAdmission object"), beside.stderr
+
+
+def test_a_light_load_is_not_capped_at_its_own_rate_and_a_queueing_one_is():
+    # the chaos soak, image_classification at 11 req/s answering in ~60 ms: target x rate is
+    # about 2, so bursts of 5 were refused at half the capacity
+    clock = FakeClock()
+    light = LatencyLimit(0.25, clock)
+    _serve(light, clock, seconds=5, rate=11, latency_s=0.06)
+    assert not light.congested
+    assert light.target_s * light.rate < admission.MIN_IN_FLIGHT
+    burst = sum(light.acquire() for _ in range(admission.INITIAL_IN_FLIGHT + 10))
+    assert burst == admission.INITIAL_IN_FLIGHT, "a burst is admitted up to the cold-start cap"
+    queueing = LatencyLimit(0.25, clock)
+    _serve(queueing, clock, seconds=5, rate=100, latency_s=0.2)  # at the target: queueing
+    assert queueing.congested
+    held = 0
+    while queueing.acquire():
+        held += 1
+    assert held == pytest.approx(queueing.target_s * queueing.rate, abs=2)
+
+
+def test_a_p99_over_the_objective_without_queueing_does_not_lower_the_target():
+    clock = FakeClock()
+    limit = LatencyLimit(0.25, clock)
+    start = limit.target_s
+    for _ in range(10):  # a mean of 62 ms, one request in 20 taking 300 ms: slow work, no queue
+        _serve(limit, clock, seconds=0.95, rate=20, latency_s=0.05)
+        _serve(limit, clock, seconds=0.05, rate=20, latency_s=0.3)
+    assert not limit.congested and limit.target_s >= start

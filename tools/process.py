@@ -174,25 +174,42 @@ def family(pid: int) -> list[psutil.Process]:
 
 
 def _stub_argvs(pid: int) -> dict[int, list[str]]:
-    """pid -> argv of each Python-backend stub in the family of ``pid``.
+    """pid -> argv of each Python-backend stub in the family of ``pid``, oldest first.
 
     A stub's argv: stub, model.py, shm region, shm sizes, parent pid, ..., instance, "DEFAULT".
     """
-    found = {}
+    found = []
     for proc in family(pid):
         argv = command_line(proc.pid)
         if argv and argv[0].endswith(STUB_NAME) and len(argv) >= 3:
-            found[proc.pid] = argv
-    return found
+            try:
+                started = proc.create_time()
+            except psutil.Error:
+                continue
+            found.append((started, proc.pid, argv))
+    return {stub: argv for _, stub, argv in sorted(found)}
 
 
 def stub_processes(pid: int) -> dict[str, int]:
-    """Python-backend stubs in the family of ``pid``: model instance name -> pid.
+    """Python-backend stubs in the family of ``pid``: model instance name -> pid (the newest
+    stub of that name, when an older one is still running: ``stale_stubs``).
 
     Args:
         pid: A tritonserver, or a process whose group or descendants hold one.
     """
     return {argv[-2]: stub for stub, argv in _stub_argvs(pid).items()}
+
+
+def stale_stubs(pid: int) -> dict[int, str]:
+    """Stubs that a newer stub of the same model instance has replaced: pid -> instance name.
+
+    Triton 2.51 reloads a model by starting new instances and unloading the old ones once their
+    requests are done; when one stub of a model with several instances was killed under traffic,
+    the old model is never unloaded and its surviving stubs run on beside the new ones, each
+    holding its memory (an encoder's: 200-450 MB).
+    """
+    newest = stub_processes(pid)
+    return {stub: argv[-2] for stub, argv in _stub_argvs(pid).items() if newest[argv[-2]] != stub}
 
 
 def stub_shm_regions(pid: int) -> set[str]:
@@ -314,3 +331,8 @@ def stop(
 def kill(pgid: int) -> None:
     """SIGKILL process group ``pgid`` at once, without waiting (a last-resort finalizer)."""
     _signal(pgid, signal.SIGKILL, group=True)
+
+
+def kill_one(pid: int) -> None:
+    """SIGKILL the one process ``pid`` (not its group), without waiting; gone: nothing."""
+    _signal(pid, signal.SIGKILL, group=False)

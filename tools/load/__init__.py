@@ -8,7 +8,7 @@ figures from ``tools.stats``; meters (``TritonStats``, ``Cores``, ``LoadAverage`
 window. A new protocol is one ``Sender`` class, a new pacing one ``Pacing`` class.
 """
 
-from tools.load.engine import Background, run, run_async
+from tools.load.engine import Background, run, run_async, run_loop
 from tools.load.meters import Cores, LoadAverage, Meter, TritonStats
 from tools.load.pacing import ClosedLoop, OpenLoop, Pacing
 from tools.load.point import Point
@@ -19,5 +19,5 @@ from tools.load.senders import (CLIENT_TIMEOUT, RawHttp, SendError, Sender, Trit
 __all__ = [
     "Background", "CLIENT_TIMEOUT", "ClosedLoop", "Cores", "LoadAverage", "Meter", "OpenLoop",
     "Pacing", "Point", "RawHttp", "Request", "SendError", "Sender", "TritonGrpc", "TritonHttp",
-    "TritonStats", "run", "run_async", "sender_for", "text_requests", "triton_dtype",
+    "TritonStats", "run", "run_async", "run_loop", "sender_for", "text_requests", "triton_dtype",
 ]

@@ -35,6 +35,7 @@ class Sender(ABC):
 
     kind: ClassVar[str] = ""  # the name ``sender_for`` knows it by
     protocol: ClassVar[str] = ""  # the wire protocol a ``Point`` reports
+    uvloop: ClassVar[bool] = False  # runs on uvloop's event loop (``engine.run_loop``)
 
     def __init__(self, url: str, *, timeout_s: float | None = None,
                  check: Callable[[Any], None] | None = None) -> None:
@@ -192,6 +193,7 @@ class RawHttp(Sender):
     """
 
     kind, protocol = "raw-http", "http"
+    uvloop = True  # plain asyncio streams: about half the CPU per request on uvloop
 
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None,
                  timeout_s: float | None = 10.0,

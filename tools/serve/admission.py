@@ -39,6 +39,11 @@ PEAK_TAU_S = 30.0  # how long the best throughput seen is remembered while laten
 ADAPT_S = 1.0  # at most this often the mean target is corrected from the measured P99 ...
 ADAPT_SAMPLES = 50  # ... of at least this many successes since the last correction
 MIN_IN_FLIGHT = 4  # the cap never goes below this (a model that answers slowly still gets some)
+# A model whose mean latency is under this share of the target is not queueing: its completions/s
+# are what arrives, not what it can answer, so target x rate would cap a light load's bursts (at
+# 11 req/s and a 190 ms target: 2 in flight). The cap is then at least INITIAL_IN_FLIGHT, and the
+# measured P99 does not lower the target (what is slow then is the work, not the queue).
+UNCONGESTED_SHARE = 0.5
 INITIAL_IN_FLIGHT = 32  # the cap until the throughput is measured (as a closed loop of 32 users)
 CONFIG_TTL_S = 10.0  # a model's target is read again after this long (it may have been reloaded)
 
@@ -55,7 +60,9 @@ class LatencyLimit:
     starts at ``TARGET_SHARE`` of the P99 objective and follows the measured P99 of the
     successes: every ``ADAPT_S`` (given ``ADAPT_SAMPLES``) it is multiplied by
     ``sqrt(objective / measured P99)``, within ``[MIN_SHARE, 1] × objective``. Until
-    completions have been counted for ``RATE_TAU_S`` the cap is ``INITIAL_IN_FLIGHT``.
+    completions have been counted for ``RATE_TAU_S`` the cap is ``INITIAL_IN_FLIGHT``. While
+    the mean latency is under ``UNCONGESTED_SHARE`` of the target (nothing is queueing), the cap
+    is at least ``INITIAL_IN_FLIGHT`` and the target is only raised.
 
     Args:
         p99_s: The P99 objective.
@@ -110,6 +117,8 @@ class LatencyLimit:
         ordered = sorted(self._recent)
         p99 = ordered[math.ceil(0.99 * len(ordered)) - 1]  # nearest rank, as tools.stats
         scale = math.sqrt(self.p99_s / max(p99, 1e-3))
+        if scale < 1 and not self.congested:
+            scale = 1.0
         self.target_s = min(self.p99_s, max(MIN_SHARE * self.p99_s, self.target_s * scale))
         self._recent.clear()
 
@@ -118,12 +127,19 @@ class LatencyLimit:
         """Whether the throughput has been measured (before: the cap is ``INITIAL_IN_FLIGHT``)."""
         return self.rate is not None
 
+    @property
+    def congested(self) -> bool:
+        """Whether requests queue: the mean latency is at least ``UNCONGESTED_SHARE`` of the
+        target (at the cap it is the target, by Little's law)."""
+        return self.latency_s >= UNCONGESTED_SHARE * self.target_s
+
     def cap(self) -> float:
         """The most requests in flight now."""
         self._roll(self.clock())
         if self.rate is None:
             return INITIAL_IN_FLIGHT
-        return max(MIN_IN_FLIGHT, self.target_s * max(self.rate, self.peak))
+        cap = max(MIN_IN_FLIGHT, self.target_s * max(self.rate, self.peak))
+        return cap if self.congested else max(cap, INITIAL_IN_FLIGHT)
 
     def acquire(self) -> bool:
         """Count one request in flight if the cap allows; False: refuse it."""

@@ -7,13 +7,12 @@ bodies go exactly as written, and keeps every request as a ``tools.stats.Record`
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tools import process
-from tools.load import Background, ClosedLoop, OpenLoop, RawHttp, Request, run_async
+from tools.load import Background, ClosedLoop, OpenLoop, RawHttp, Request, run_async, run_loop
 from tools.load.meters import ProcessSample, cpu_share, sample
 from tools.load.senders import http_request_bytes
 from tools.stats import Record
@@ -68,8 +67,9 @@ class HttpLoad:
             connections: Open loop: keep-alive connections (the most requests in flight).
             max_requests: Stop after sending this many.
         """
-        asyncio.run(run_async(*self._load(users, rate, connections), duration_s=duration_s,
-                              max_requests=max_requests, records=self.records))
+        requests, sender, pacing = self._load(users, rate, connections)
+        run_loop(run_async(requests, sender, pacing, duration_s=duration_s,
+                           max_requests=max_requests, records=self.records), sender)
         return self.records
 
     def start(self, *, users: int = 0, rate: float = 0.0, duration_s: float,

@@ -60,6 +60,15 @@ class ModelControl:
         """Python-backend stubs of the server: model instance name (``<model>_0_0``) -> pid."""
         return process.stub_processes(self.pid) if self.pid is not None else {}
 
+    def stale_stubs(self) -> dict[int, str]:
+        """Stubs a newer stub of the same instance replaced: pid -> instance (``process.stale_stubs``)."""
+        return process.stale_stubs(self.pid) if self.pid is not None else {}
+
+    def kill_stub(self, pid: int) -> None:
+        """SIGKILL one stub of this server (gone already: nothing to do)."""
+        if pid in process.stale_stubs(self.pid) or pid in self.stub_processes().values():
+            process.kill_one(pid)
+
     def repository_index(self) -> list[dict[str, Any]]:
         """Triton's ``/v2/repository/index``: name, version, state and reason of every model.
 
