@@ -208,8 +208,9 @@ def stale_stubs(pid: int) -> dict[int, str]:
     the old model is never unloaded and its surviving stubs run on beside the new ones, each
     holding its memory (an encoder's: 200-450 MB).
     """
-    newest = stub_processes(pid)
-    return {stub: argv[-2] for stub, argv in _stub_argvs(pid).items() if newest[argv[-2]] != stub}
+    stubs = _stub_argvs(pid)  # one look at the processes, oldest first
+    newest = {argv[-2]: stub for stub, argv in stubs.items()}
+    return {stub: argv[-2] for stub, argv in stubs.items() if newest[argv[-2]] != stub}
 
 
 def stub_shm_regions(pid: int) -> set[str]:

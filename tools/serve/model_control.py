@@ -65,8 +65,9 @@ class ModelControl:
         return process.stale_stubs(self.pid) if self.pid is not None else {}
 
     def kill_stub(self, pid: int) -> None:
-        """SIGKILL one stub of this server (gone already: nothing to do)."""
-        if pid in process.stale_stubs(self.pid) or pid in self.stub_processes().values():
+        """SIGKILL a stale stub of this server (no longer one, or gone: nothing to do, so a
+        reused pid is never hit)."""
+        if pid in self.stale_stubs():
             process.kill_one(pid)
 
     def repository_index(self) -> list[dict[str, Any]]:
