@@ -86,7 +86,7 @@ def main() -> int:
         limits = GuardLimits(16 * 2**20, 64 * 2**20)
         http_guard = guards.http_guard(limits, http_port, triton_http, server.pid)
         http_guard.command += ["--event-loop", args.event_loop]
-        grpc_guard = guards.grpc_guard(16 * 2**20, grpc_port, triton_grpc, server.pid)
+        grpc_guard = guards.grpc_guard(16 * 2**20, grpc_port, triton_grpc, server.pid, triton_http)
         arms = {"through": (http_guard, grpc_guard), "around": (None, None)}
         wanted = [http_guard, grpc_guard]
         if args.compare_http_guard:

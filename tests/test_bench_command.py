@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,8 @@ from tests.scenario_helpers import ids_onnx, linear_onnx, start_spec
 from tools.add.command import add_model
 from tools.bench.command import DEFAULT_TEXTS
 from tools.bench.inprocess import InProcessEncoder, LimitResult, read_setup
-from tools.bench.report import (format_table, format_variants, save_plot, tail_ratios,
-                                variant_rows)
+from tools.bench.report import (format_table, format_variants, guard_costs, save_plot,
+                                tail_ratios, variant_rows)
 from tools.bench.targets import default_names, payload_of, resolve
 from tools.build_repo.spec import load_spec
 from tools.cli import cli
@@ -93,10 +94,38 @@ def test_the_variants_side_by_side_give_each_protocol_over_its_limit_and_over_th
     assert by[("int8", "grpc")]["over_base"] == pytest.approx(2.0)
     assert by[("int8", "http")]["over_base"] == pytest.approx(1.8)
     assert by[("int8", "http")]["served_over_limit"] == pytest.approx(270 / 400)
-    text = format_variants(rows, {"http_guard": True})
-    assert "HTTP through the guard, as tools serve puts it" in text
-    assert ("HTTP guard, text_embedding: best through it 150.0 req/s, around it 160.0 req/s = "
-            "0.938") in text
+    text = format_variants(rows, {"http_guard": True, "grpc_guard": True}, guard_costs(served))
+    assert "HTTP through the guard, as tools serve puts it, gRPC through the gRPC guard" in text
+    assert ("HTTP guard, text_embedding: at c=8 through it 150.0 req/s, around it 160.0 req/s = "
+            "0.938; best through 150.0, best around 160.0 = 0.938") in text
+    assert not any(r["protocol"] == "http-unguarded" for r in rows if r["pipeline"] == "int8")
+
+
+def test_guard_cost_compares_the_arms_where_neither_was_refused_not_best_against_best():
+    # Through the guard, c=32 is refused by the admission (its latency target): 18.6 req/s of
+    # goodput. Around it, c=32 queues past the target and gets 50.2. Best over best (44.5 /
+    # 50.2) would charge the admission's refusals to the guard; at c=8 both carry the same load.
+    refused = dataclasses.replace(_served("http", 32, 18.6), errors=11229)
+    served = [_served("http", 1, 22.9), _served("http", 8, 44.5), refused,
+              _served("http-unguarded", 1, 23.2), _served("http-unguarded", 8, 47.8),
+              _served("http-unguarded", 32, 50.2),
+              _served("grpc", 8, 49.0), _served("grpc-unguarded", 8, 50.0)]
+    costs = {c["protocol"]: c for c in guard_costs(served)}
+    assert costs["http"]["concurrency"] == 8
+    assert costs["http"]["ratio"] == pytest.approx(44.5 / 47.8)
+    assert costs["http"]["best_ratio"] == pytest.approx(44.5 / 50.2)
+    assert costs["grpc"]["ratio"] == pytest.approx(0.98)
+    lines = format_variants(variant_rows([_limit(8, 60.0)], served), {"http_guard": True,
+                                                                      "grpc_guard": True},
+                            guard_costs(served)).splitlines()
+    assert any(line.startswith("gRPC guard, text_embedding: at c=8 through it 49.0 req/s")
+               for line in lines)
+    # every point of one arm refused: no like-for-like level, said so
+    only_refused = [refused, _served("http-unguarded", 32, 50.2)]
+    cost = guard_costs(only_refused)[0]
+    assert cost["ratio"] is None and cost["concurrency"] is None
+    assert "no concurrency without errors in both arms" in format_variants(
+        variant_rows([_limit(8, 60.0)], only_refused), {"http_guard": True}, [cost])
 
 
 def test_save_plot_writes_a_png(tmp_path: Path):
@@ -344,7 +373,7 @@ def test_data_that_does_not_fit_a_scenario_exits_2_naming_the_line_and_input(onn
 @pytest.mark.torch
 @pytest.mark.server
 @pytest.mark.timeout(900)
-def test_bench_sweeps_pipelines_a_user_adds_through_the_http_guard(tmp_path):
+def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
     from tests.add_helpers import tiny_bert_folder
     from tools.build_repo.pipeline import build_repository
 
@@ -363,14 +392,15 @@ def test_bench_sweeps_pipelines_a_user_adds_through_the_http_guard(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
     assert report["conditions"]["http_guard"] is True and report["conditions"]["server"] == "embedded"
+    assert report["conditions"]["grpc_guard"] is True, "gRPC through the gRPC guard, as users get it"
+    protocols = ("grpc", "grpc-unguarded", "http", "http-unguarded")
     assert {(s["pipeline"], s["protocol"]) for s in report["served"]} == {
-        (p, proto) for p in ("cls_embedder", "scorer")
-        for proto in ("grpc", "http", "http-unguarded")}
+        (p, proto) for p in ("cls_embedder", "scorer") for proto in protocols}
     assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
     for name in ("cls_embedder", "scorer"):
         figures = report["pipelines"][name]
         assert figures["requests"] == len(build_scenario(load_spec(spec), name).requests)
-        assert {t["protocol"] for t in figures["tail"]} == {"grpc", "http", "http-unguarded"}
+        assert {t["protocol"] for t in figures["tail"]} == set(protocols)
     embedder, scorer = report["pipelines"]["cls_embedder"], report["pipelines"]["scorer"]
     assert embedder["payload"] == "texts" and embedder["requests"] == report["texts"]
     assert "consumed by backend text_tokenizer of cls_embedder_tokenizer" in embedder["load"][0]
@@ -380,5 +410,8 @@ def test_bench_sweeps_pipelines_a_user_adds_through_the_http_guard(tmp_path):
     assert "not an ensemble" in scorer["limit_na"]
     assert "generated float32 [batch, 6]: standard normal" in scorer["load"][0]
     assert "scorer: best served" in result.output and "in-process limit n/a" in result.output
-    assert "HTTP guard, scorer: best through it" in result.output
+    assert re.search(r"HTTP guard, scorer: at c=[12] through it", result.output)
+    assert re.search(r"gRPC guard, scorer: at c=[12] through it", result.output)
+    assert {(c["pipeline"], c["protocol"]) for c in report["guard_cost"]} == {
+        (p, proto) for p in ("cls_embedder", "scorer") for proto in ("grpc", "http")}
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

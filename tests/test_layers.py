@@ -19,7 +19,7 @@ TOOLS = ROOT / "tools"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("tools", "tools.errors", "tools.files", "tools.manifest", "tools.stats",
                     "tools.paths", "tools.process", "tools.net", "tools.command",
-                    "tools.tensorrt_module")),
+                    "tools.tensorrt_module", "tools.cpu_isa")),
     ("typed files", ("tools.typed_yaml", "tools.yaml_edit", "tools.build_repo.spec", "tools.slo",
                      "tools.build_repo.quality_sets")),
     ("models", ("tools.models",)),

@@ -390,3 +390,63 @@ def test_an_admission_decides_per_model_before_tritonserver_sees_the_request():
     assert second.endswith(b"ok"), "the connection serves the next request"
     assert [s.split(b" ")[1] for s in seen] == [b"/v2/models/toy_double/versions/1/infer"]
     assert finished == [200]
+
+
+def test_an_admission_refusal_is_held_before_it_is_sent_and_a_malformed_request_is_not():
+    # A client that retries a refusal at once would otherwise spin (docs/guards.md): the 503 of
+    # an overloaded model comes REFUSAL_HOLD_S after its request; a 400 at once. A client that
+    # goes away during the hold leaves nothing behind.
+    import asyncio
+    import time
+
+    from tools.serve.http_guard import (MAX_HELD_REFUSALS, REFUSAL_HOLD_S, Admission, HttpGuard,
+                                        Overloaded)
+
+    class Busy(Admission):
+        def admit(self, model):
+            raise Overloaded("model 'busy' is over its latency target", retry_after_s=1.0)
+
+    body = _double([1, 4], [1, 2, 3, 4])
+    busy = (b"POST /v2/models/busy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+    malformed = b"POST /v2/models/busy/infer HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
+
+    async def first_byte_after(guard_port: int, raw: bytes) -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", guard_port)
+        start = time.monotonic()
+        writer.write(raw)
+        line = await asyncio.wait_for(reader.readline(), 5)
+        elapsed = time.monotonic() - start
+        writer.close()
+        return elapsed, line
+
+    async def main():
+        upstream = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        guard = HttpGuard(upstream.sockets[0].getsockname()[1], LIMITS, Busy())
+        front = await guard.listen("127.0.0.1", 0)
+        port = front.sockets[0].getsockname()[1]
+        held = await first_byte_after(port, busy)
+        at_once = await first_byte_after(port, malformed)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(busy)
+        await writer.drain()
+        writer.close()  # gone during the hold: answered into the void, then closed after lingering
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if not guard.connections:
+                break
+        left = len(guard.connections)
+        # a flood: MAX_HELD_REFUSALS are held at a time, the rest answered at once
+        flood = await asyncio.gather(*(first_byte_after(port, busy)
+                                       for _ in range(MAX_HELD_REFUSALS + 8)))
+        front.close()
+        upstream.close()
+        return held, at_once, left, flood, guard.held
+
+    held, at_once, left, flood, still_held = asyncio.run(main())
+    assert all(line.startswith(b"HTTP/1.1 503 ") for _, line in flood)
+    assert sum(seconds >= REFUSAL_HOLD_S for seconds, _ in flood) == MAX_HELD_REFUSALS
+    assert still_held == 0
+    assert held[1].startswith(b"HTTP/1.1 503 ") and held[0] >= REFUSAL_HOLD_S, held
+    assert at_once[1].startswith(b"HTTP/1.1 400 ") and at_once[0] < REFUSAL_HOLD_S, at_once
+    assert left == 0

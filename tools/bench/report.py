@@ -17,7 +17,7 @@ from typing import Any
 
 from tools import paths
 from tools.bench.inprocess import LimitResult
-from tools.bench.sweep import UNGUARDED, BenchRun
+from tools.bench.sweep import AROUND, BenchRun
 from tools.bench.targets import compute_model
 from tools.load import Point
 
@@ -32,9 +32,51 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
 
 def _closed(served: Sequence[Point], pipeline: str, protocol: str | None = None) -> list[Point]:
     """Closed-loop points of ``pipeline`` on ``protocol`` (None: every protocol users get, so
-    not the comparison around the HTTP guard)."""
+    not the comparisons around the guards)."""
     return [s for s in served if s.model == pipeline and not s.offered_rps
-            and (s.protocol == protocol if protocol else s.protocol != UNGUARDED)]
+            and (s.protocol == protocol if protocol else s.protocol not in AROUND)]
+
+
+def guard_costs(served: Sequence[Point]) -> list[dict[str, Any]]:
+    """Per pipeline and guarded protocol measured around its guard too (``--guard-cost``):
+    throughput through the guard over around it, at the concurrency where the guarded arm had
+    its best throughput with no error in either arm (a refusal by the admission is an error: at
+    a concurrency it refuses, the two arms do not carry the same load), and best over best."""
+    out = []
+    for pipeline in dict.fromkeys(s.model for s in served):
+        for around_label, protocol in AROUND.items():
+            around = {p.concurrency: p for p in _closed(served, pipeline, around_label)}
+            through = {p.concurrency: p for p in _closed(served, pipeline, protocol)}
+            if not around or not through:
+                continue
+            matched = [c for c in through if c in around
+                       and not through[c].errors and not around[c].errors]
+            at = max(matched, key=lambda c: through[c].throughput, default=None)
+            best_through = max(p.throughput for p in through.values())
+            best_around = max(p.throughput for p in around.values())
+            out.append({
+                "pipeline": pipeline, "protocol": protocol, "concurrency": at,
+                "through": through[at].throughput if at is not None else None,
+                "around": around[at].throughput if at is not None else None,
+                "ratio": (through[at].throughput / around[at].throughput
+                          if at is not None and around[at].throughput else None),
+                "best_through": best_through, "best_around": best_around,
+                "best_ratio": best_through / best_around if best_around else None,
+            })
+    return out
+
+
+def _guard_line(cost: Mapping[str, Any]) -> str:
+    name = {"http": "HTTP guard", "grpc": "gRPC guard"}[cost["protocol"]]
+    line = f"{name}, {cost['pipeline']}: "
+    if cost["ratio"] is not None:
+        line += (f"at c={cost['concurrency']} through it {cost['through']:.1f} req/s, around it "
+                 f"{cost['around']:.1f} req/s = {cost['ratio']:.3f}; ")
+    else:
+        line += "no concurrency without errors in both arms; "
+    return line + (f"best through {cost['best_through']:.1f}, best around "
+                   f"{cost['best_around']:.1f} = {cost['best_ratio']:.3f} (same server, one "
+                   f"after the other)")
 
 
 def best_limits(limits: Sequence[LimitResult]) -> dict[str, LimitResult]:
@@ -174,8 +216,10 @@ def variant_rows(limits: Sequence[LimitResult], served: Sequence[Point]) -> list
     return rows
 
 
-def format_variants(rows: Sequence[Mapping[str, Any]], conditions: Mapping[str, Any]) -> str:
-    """The variants side by side over the protocols, with the ratios."""
+def format_variants(rows: Sequence[Mapping[str, Any]], conditions: Mapping[str, Any],
+                    costs: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The variants side by side over the protocols, with the ratios, then what each guard
+    costs (``guard_costs``)."""
     if not rows:
         return ""
     base = rows[0]["base"]
@@ -183,6 +227,9 @@ def format_variants(rows: Sequence[Mapping[str, Any]], conditions: Mapping[str, 
     http = {True: "HTTP through the guard, as tools serve puts it",
             False: "HTTP without the guard",
             None: "HTTP as the given server serves it"}[guard]
+    if guard is not None:
+        http += (", gRPC through the gRPC guard" if conditions.get("grpc_guard", False)
+                 else ", gRPC without the gRPC guard")
     header = (f"{'pipeline':<28} {'protocol':<15} {'best req/s':>10} {'at':>6} "
               f"{'limit':>7} {'x limit':>8} {'x ' + base:>{max(10, len(base) + 2)}} "
               f"{'tail':>6}")
@@ -197,13 +244,7 @@ def format_variants(rows: Sequence[Mapping[str, Any]], conditions: Mapping[str, 
             f"{_fmt(r['limit']):>7} {_fmt(r['served_over_limit'], '.2f'):>8} "
             f"{_fmt(r['over_base'], '.2f'):>{max(10, len(base) + 2)}} {tail:>6}")
     lines.append("! = tail ratio over the target")
-    guarded = {(r["pipeline"]): r for r in rows if r["protocol"] == "http"}
-    for r in rows:
-        if r["protocol"] == UNGUARDED and r["pipeline"] in guarded:
-            through = guarded[r["pipeline"]]["best_served"]
-            lines.append(f"HTTP guard, {r['pipeline']}: best through it {through:.1f} req/s, "
-                         f"around it {r['best_served']:.1f} req/s = "
-                         f"{through / r['best_served']:.3f} (same server, one after the other)")
+    lines += [_guard_line(cost) for cost in costs]
     return "\n".join(lines)
 
 
@@ -323,6 +364,7 @@ def payload(run: BenchRun, table: str, variants: str) -> dict[str, Any]:
         "tail_target": TAIL_TARGET,
         "tail": tail_ratios(run.served),
         "variants": variant_rows(run.limits, run.served),
+        "guard_cost": guard_costs(run.served),
         "in_process": [r.to_dict() for r in run.limits],
         "served": [served_row(s) for s in run.served],
         "table": table,
@@ -351,7 +393,8 @@ def summary_lines(run: BenchRun) -> list[str]:
 def write(run: BenchRun, output: Path) -> tuple[str, str]:
     """Write bench.json and bench.png into ``output``; return the two tables."""
     table = format_table(run.limits, run.served, run.limit_na)
-    variants = format_variants(variant_rows(run.limits, run.served), run.conditions)
+    variants = format_variants(variant_rows(run.limits, run.served), run.conditions,
+                               guard_costs(run.served))
     output.mkdir(parents=True, exist_ok=True)
     document = payload(run, table, variants)
     (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

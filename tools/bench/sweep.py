@@ -24,6 +24,9 @@ from tools.load import Point
 
 Say = Callable[[str], None]
 UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guard
+UNGUARDED_GRPC = "grpc-unguarded"  # gRPC on tritonserver's own port, around the gRPC guard
+# The labels measured around a guard (--guard-cost) -> the protocol they are sent with.
+AROUND = {UNGUARDED: "http", UNGUARDED_GRPC: "grpc"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class BenchPlan:
         url, grpc_url: A running server (both or neither); None: the embedded server.
         http_guard: The embedded server's HTTP guard: None as ``tools serve`` decides (on for a
             binary without ``--http-max-input-size``), or forced on/off.
-        guard_cost: Also sweep HTTP on tritonserver's own port, around the guard.
+        grpc_guard: The embedded server's gRPC guard (on, as ``tools serve`` runs it).
+        guard_cost: Also sweep each guarded protocol on tritonserver's own port, around its guard.
     """
 
     repository: Path
@@ -66,6 +70,7 @@ class BenchPlan:
     url: str | None = None
     grpc_url: str | None = None
     http_guard: bool | None = None
+    grpc_guard: bool = True
     guard_cost: bool = False
 
 
@@ -112,18 +117,24 @@ def _server(plan: BenchPlan, say: Say, conditions: dict[str, Any]) -> Iterator[d
     from tools.serve.http_guard import GuardLimits
     from tools.serve.server import EmbeddedServer
 
+    from tools.serve.server_config import HTTP_MAX_INPUT_SIZE
+
     guard = _guard_default() if plan.http_guard is None else plan.http_guard
     server = EmbeddedServer(plan.repository, log_path=plan.output / "tritonserver.log",
-                            exit_timeout_s=10, http_guard=GuardLimits() if guard else None)
-    conditions.update(server="embedded", http_guard=guard)
+                            exit_timeout_s=10, http_guard=GuardLimits() if guard else None,
+                            grpc_guard=HTTP_MAX_INPUT_SIZE if plan.grpc_guard else None)
+    conditions.update(server="embedded", http_guard=guard, grpc_guard=plan.grpc_guard)
+    guards = " and ".join(name for name, on in (("HTTP", guard), ("gRPC", plan.grpc_guard)) if on)
     say(f"starting the embedded tritonserver on {plan.repository} "
-        f"({'with' if guard else 'without'} the HTTP guard) ...")
+        f"({f'guards: {guards}' if guards else 'no guards'}) ...")
     server.start(timeout_s=300)
     try:
         say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
         found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url}
         if plan.guard_cost and guard:
             found[UNGUARDED] = server.triton_http_url
+        if plan.guard_cost and plan.grpc_guard:
+            found[UNGUARDED_GRPC] = server.triton_grpc_url
         yield found
     finally:
         server.stop()
@@ -164,10 +175,11 @@ def _point_line(point: Point) -> str:
 def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -> None:
     plan = run.plan
     protocols = list(plan.protocols)
-    if UNGUARDED in endpoints and "http" in protocols:
-        protocols.insert(protocols.index("http") + 1, UNGUARDED)
+    for around, protocol in AROUND.items():
+        if around in endpoints and protocol in protocols:
+            protocols.insert(protocols.index(protocol) + 1, around)
     for label in protocols:
-        sender = "http" if label == UNGUARDED else label
+        sender = AROUND.get(label, label)
         timing = {"warmup_s": plan.warmup_s, "duration_s": plan.duration_s}
         own = []
         for level in plan.levels:
@@ -196,9 +208,10 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
         UserInputError: the spec is invalid, a pipeline is unknown or not built, ``data`` does not
             fit one, or ``guard_cost`` is asked without an embedded guarded server.
     """
-    if plan.guard_cost and (plan.url or plan.http_guard is False):
-        raise UserInputError("--guard-cost measures around the guard of the embedded server: "
-                             "leave out --url/--grpc-url and --no-http-guard")
+    if plan.guard_cost and (plan.url or (plan.http_guard is False and not plan.grpc_guard)):
+        raise UserInputError("--guard-cost measures around the guards of the embedded server: "
+                             "leave out --url/--grpc-url, and --no-http-guard with "
+                             "--no-grpc-guard")
     from tools.build_repo.spec import load_spec
 
     targets, notes = resolve(plan.repository, load_spec(plan.spec_path), plan.pipelines,
@@ -214,9 +227,10 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
     _limits(run, say)
     run.conditions["load_average_start"] = round(os.getloadavg()[0], 2)
     with _server(plan, say, run.conditions) as endpoints:
-        if plan.guard_cost and UNGUARDED not in endpoints:
-            raise UserInputError("--guard-cost: the server has no HTTP guard (the binary has "
-                                 "--http-max-input-size); nothing to measure around")
+        if plan.guard_cost and not set(AROUND) & set(endpoints):
+            raise UserInputError("--guard-cost: the server has no guard (the binary has "
+                                 "--http-max-input-size and --no-grpc-guard was given); nothing "
+                                 "to measure around")
         for target in targets:
             _sweep(run, target, endpoints, say)
     run.conditions["load_average_end"] = round(os.getloadavg()[0], 2)

@@ -237,6 +237,7 @@ class PytorchBuilder(SpecEntryBuilder):
         """cpu target, ``runtime: openvino``: fp32 is checked for parity against PyTorch; bf16,
         and int8 (NNCF's static quantization first), on the quality set against the exported
         graph under ONNX Runtime (``fp32_runner``)."""
+        from tools import cpu_isa
         from tools.build_repo import onnx2ov_int8, quality, quality_sets
         from tools.build_repo.parity import check_parity, figures_to_manifest, openvino_runner
         from tools.build_repo.torch2onnx import write_reproduce_script
@@ -255,8 +256,9 @@ class PytorchBuilder(SpecEntryBuilder):
                                                      f"{self.where}field 'cpu.calibration_texts': ")),
                 quality_set, tokenizer_file, gate.max_length, model.cpu.calibrate_on_tune)
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
+            weights_bits = cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())
             quantized = stages.run(Stage.QUANTIZE, onnx2ov_int8.quantize_openvino, onnx_path, served,
-                                   model, calibration, quality_set)
+                                   model, calibration, quality_set, weights_bits)
             write_reproduce_script(served, spec.path, output, model.name, self.target,
                                    note=f"NNCF static int8 of {cfg.ONNX_FILE} (OpenVINO IR, weights "
                                         f"in {cfg.OV_INT8_BIN}), calibrated on "
@@ -264,7 +266,8 @@ class PytorchBuilder(SpecEntryBuilder):
             record["quantize"] = {**quantized.to_dict(), "calibration_texts": len(calibration.texts),
                                   "left_out_as_held_out": calibration.left_out,
                                   "tune_texts_added": calibration.tune_added,
-                                  "smooth_quant_alpha": model.cpu.smooth_quant_alpha}
+                                  "smooth_quant_alpha": model.cpu.smooth_quant_alpha,
+                                  "weights_bits": weights_bits}
         candidate, runs_as = stages.run(Stage.OPENVINO, openvino_runner, str(served),
                                         spec.cpu_cores, precision, spec.backends)
         record["runs_as"] = runs_as

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from tools import cpu_isa
 from tools.build_repo import config as cfg
 from tools.files import sha256_file, sha256_tree
 from tools.manifest import ModelEntry, fingerprint, module_file, tool_versions
@@ -148,6 +149,10 @@ def export_inputs(
         # what the bf16 gate ran; left out elsewhere so other models keep their fingerprints
         | ({"openvino": tools.get("openvino")}
            if target == "cpu" and model.cpu.runtime == "openvino" else {}),
+        # int8 weights are 7-bit on a CPU without VNNI: building on the other kind re-quantizes
+        **({"int8_weights_bits": cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())}
+           if target == "cpu" and model.cpu.runtime == "openvino" and model.cpu.optimize == "int8"
+           else {}),
         "builder": builder_sources(export_only=True),
     }
 

@@ -6,7 +6,8 @@ calibration texts, so the CPU plugin runs the MatMuls as int8 x int8 (AVX512-VNN
 quantizing activations at run time. NNCF's transformer preset keeps softmax, layer norms and GELU
 in floating point and applies SmoothQuant to the MatMul inputs; nodes whose names match
 ``cpu.quantize_exclude`` are not quantized; ``cpu.smooth_quant_alpha`` sets SmoothQuant's
-strength. Calibration never sees a held-out quality text (``quality_sets.Calibration``); the
+strength. Weights are 7-bit (NNCF's overflow fix) unless the building CPU has VNNI
+(``tools.cpu_isa``: without it 8-bit sums saturate). Calibration never sees a held-out quality text (``quality_sets.Calibration``); the
 quality gate (``quality.py``) decides.
 """
 
@@ -50,10 +51,11 @@ def quantizable_nodes(model) -> list[str]:
 
 
 def quantize_openvino(source: Path, destination: Path, spec: ModelSpec, calibration: Calibration,
-                      quality: QualitySet) -> QuantizeResult:
+                      quality: QualitySet, weights_bits: int = 8) -> QuantizeResult:
     """Write the int8 IR of ``source`` (an ONNX file) to ``destination`` (``.xml``, weights in
     the ``.bin`` beside it), calibrated on ``calibration``, none of whose texts may be held out
-    in ``quality``.
+    in ``quality``; ``weights_bits`` 7 applies NNCF's overflow fix to every MatMul
+    (``tools.cpu_isa.int8_weights_bits``).
 
     Raises:
         ExportError: no calibration texts, a ``quantize_exclude`` pattern matches nothing, or
@@ -85,6 +87,12 @@ def quantize_openvino(source: Path, destination: Path, spec: ModelSpec, calibrat
     if spec.cpu.smooth_quant_alpha is not None:
         advanced["smooth_quant_alphas"] = nncf.AdvancedSmoothQuantParameters(
             matmul=spec.cpu.smooth_quant_alpha)
+    if weights_bits not in (7, 8):
+        raise ExportError(f"model {spec.name!r}: int8 weights are 7 or 8 bits, not {weights_bits}")
+    if weights_bits == 7:
+        from nncf.quantization.advanced_parameters import OverflowFix
+
+        advanced["overflow_fix"] = OverflowFix.ENABLE
     try:
         quantized = nncf.quantize(
             model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from tools.command import ToolCommand
-from tools import process
+from tools import cpu_isa, process
 from tools.errors import ServerError, UserInputError
 from tools.serve import health
 from tools.serve.recovery import DEFAULT_METRICS_PORT, Backoff, ModelRecovery, RestartBudget
@@ -425,6 +425,8 @@ def serve(
         _stop_from_pid_file(pid_file, exit_timeout)
         return
     requests = health.read_probes(probes)
+    for problem in cpu_isa.mismatches(repository):
+        click.echo(f"warning: {problem}", err=True)
     if http_guard is None:
         http_guard = "--http-max-input-size" not in binary_options(resolve_binary(binary))
     server = EmbeddedServer(

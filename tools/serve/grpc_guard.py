@@ -29,10 +29,12 @@ import zlib
 
 try:  # a module of the project
     from tools.serve.http_guard import (
-        LOOPBACK, Admission, Overloaded, run, run_until_gone, slo_admission_for)
+        LOOPBACK, MAX_HELD_REFUSALS, REFUSAL_HOLD_S, Admission, Overloaded, run, run_until_gone,
+        slo_admission_for)
 except ImportError:  # a file beside http_guard.py, as the CPU image runs it
     from http_guard import (  # type: ignore[no-redef]
-        LOOPBACK, Admission, Overloaded, run, run_until_gone, slo_admission_for)
+        LOOPBACK, MAX_HELD_REFUSALS, REFUSAL_HOLD_S, Admission, Overloaded, run, run_until_gone,
+        slo_admission_for)
 
 MAX_MESSAGE_BYTES = 16 * 2**20  # as the HTTP body limit (docker-compose.yml)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -351,7 +353,8 @@ class _Pair:
         try:
             done = self.guard.admission.admit(model)
         except Overloaded as exc:
-            self._refuse(stream, str(exc), length, status=UNAVAILABLE,
+            hold_s = REFUSAL_HOLD_S if self.guard.held < MAX_HELD_REFUSALS else 0.0
+            self._refuse(stream, str(exc), length, hold_s=hold_s, status=UNAVAILABLE,
                          metadata=_pushback(exc.retry_after_s))
             return False
         if done is not None:
@@ -363,15 +366,36 @@ class _Pair:
         if admitted is not None:
             admitted[0](200 if admitted[1] else 0)
 
-    def _refuse(self, stream: int, message: str, length: int, **trailers) -> None:
+    def _refuse(self, stream: int, message: str, length: int, hold_s: float = 0.0,
+                **trailers) -> None:
+        """End ``stream``: its further frames dropped, the client's credit for them returned,
+        tritonserver's side cancelled and the client's refusal sent, now or, with ``hold_s``
+        (an admission's refusal: see ``http_guard.REFUSAL_HOLD_S``), that much later. Held, the
+        cancel goes upstream after the refusal went to the client: tritonserver answers a
+        cancelled stream (INTERNAL, "Unable to parse request"), and the client must have
+        ended the stream by then, or that answer would be its result."""
         self.refused.add(stream)
         self.messages.pop(stream, None)
         self._finish(stream)
-        self.to[False].own(_frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big")))
         if length:
             self.to[True].own(_frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
-        self.to[True].own(refusal_headers(stream, message,
-                                          trailers_only=stream not in self.answered, **trailers))
+        refusal = refusal_headers(stream, message, trailers_only=stream not in self.answered,
+                                  **trailers)
+        if hold_s:
+            self.guard.held += 1
+            asyncio.get_running_loop().call_later(hold_s, self._send_held, stream, refusal)
+            return
+        self.to[False].own(_frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big")))
+        self.to[True].own(refusal)
+
+    def _send_held(self, stream: int, refusal: bytes) -> None:
+        self.guard.held -= 1
+        if self.closed:
+            return
+        self.to[True].own(refusal)
+        self.to[True].flush(self.client.transport)
+        self.to[False].own(_frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big")))
+        self.to[False].flush(self.upstream.transport)
 
     def _from_upstream(self, kind: int, flags: int, stream: int, length: int) -> bool:
         if stream in self.refused:
@@ -431,6 +455,7 @@ class GrpcGuard:
         self.upstream_port = upstream_port
         self.max_message_bytes = max_message_bytes
         self.admission = admission
+        self.held = 0  # refusals being held (at most MAX_HELD_REFUSALS)
 
     async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
         """Listen on ``address:port``."""

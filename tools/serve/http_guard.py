@@ -96,13 +96,28 @@ class GuardLimits:
     read_timeout_s: float = 30.0
 
 
+# How long a refusal for an overloaded model is held before it is answered. A client that
+# retries at once (a closed loop of users, a naive retry loop) otherwise spins: on 2 cores, 32
+# users against a cap of ~27 sent ~1300 refusals/s, whose CPU (guard and clients) halved the
+# encoder's throughput, and with it the cap, so goodput fell to 0.25-0.4 of capacity with P99 at
+# 2-3x the objective. Held, each such client refuses at most 1/REFUSAL_HOLD_S times a second; an
+# open loop's refusals only hold a connection that long. A timer, not CPU. At most
+# MAX_HELD_REFUSALS are held at once per guard, the rest answered at once: a flood of refusals
+# (an open loop at many times capacity) would otherwise hold a client's whole connection pool
+# (1270 refusals/s x 0.2 s = 254 of 256 connections), and a hostile client the guard's timers.
+REFUSAL_HOLD_S = 0.2
+MAX_HELD_REFUSALS = 32
+
+
 class Refusal(Exception):
-    """A request the guard answers itself: HTTP ``status`` with ``{"error": message}``."""
+    """A request the guard answers itself: HTTP ``status`` with ``{"error": message}``, after
+    ``hold_s`` (``REFUSAL_HOLD_S`` for an admission's refusal, else at once)."""
 
     def __init__(self, status: int, reason: str, message: str, *, close: bool = True,
-                 headers: tuple[tuple[str, str], ...] = ()) -> None:
+                 headers: tuple[tuple[str, str], ...] = (), hold_s: float = 0.0) -> None:
         super().__init__(message)
         self.status, self.reason, self.close, self.headers = status, reason, close, headers
+        self.hold_s = hold_s
 
 
 def _bad(message: str) -> Refusal:
@@ -354,6 +369,7 @@ class _State(enum.Enum):
     HEAD = "reading a request head"
     BODY = "reading a request body"
     WAITING = "waiting for tritonserver's response"
+    HOLDING = "holding a refusal before answering it"
     CLOSING = "closing"
 
 
@@ -373,6 +389,7 @@ class HttpGuard:
         self.admission = admission or Admission()
         self.buffered = 0
         self.connections: set[_Client] = set()
+        self.held = 0  # refusals being held (at most MAX_HELD_REFUSALS)
         self._sweeper: asyncio.Task | None = None
 
     async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
@@ -411,6 +428,7 @@ class _Client(asyncio.Protocol):
         self.done: Callable[[int], None] | None = None
         self.eof = False
         self.paused = False
+        self.held: asyncio.TimerHandle | None = None  # a refusal being held (HOLDING)
 
     # ---- client side
 
@@ -426,13 +444,17 @@ class _Client(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.eof = True
-        if self.state is _State.WAITING:
+        if self.state in (_State.WAITING, _State.HOLDING):
             return True  # half-closed after sending: the answer still goes back
         self.close()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard.connections.discard(self)
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
+            self.guard.held -= 1
         self._release()
         self._finish(0)
         if self.upstream is not None:
@@ -477,12 +499,15 @@ class _Client(asyncio.Protocol):
                 try:
                     self._check_body(self.request, body)
                 except Refusal as refusal:
+                    if refusal.hold_s:
+                        self._hold(refusal)
+                        return
                     self.refuse(refusal)
                     if refusal.close:
                         return
                     continue  # refused after its body was read: the connection serves on
                 self._send(self.request.head(), body)
-            if self.state is _State.WAITING:
+            if self.state in (_State.WAITING, _State.HOLDING):
                 if len(self.buf) > MAX_HEAD_BYTES and not self.paused:  # pipelined ahead
                     self.paused = True
                     self.transport.pause_reading()
@@ -539,12 +564,31 @@ class _Client(asyncio.Protocol):
             self.done = self.guard.admission.admit(model)
         except Overloaded as exc:
             raise Refusal(503, "Service Unavailable", str(exc), close=request.close,
-                          headers=(("Retry-After", str(max(1, math.ceil(exc.retry_after_s)))),)
+                          headers=(("Retry-After", str(max(1, math.ceil(exc.retry_after_s)))),),
+                          hold_s=REFUSAL_HOLD_S if self.guard.held < MAX_HELD_REFUSALS else 0.0
                           ) from None
 
     def _release(self) -> None:
         self.guard.buffered -= self.reserved
         self.reserved = 0
+
+    def _hold(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` after its ``hold_s``; what the client sends meanwhile waits."""
+        self.state = _State.HOLDING
+        self.guard.held += 1
+        self.held = self.loop.call_later(refusal.hold_s, self._unhold, refusal)
+
+    def _unhold(self, refusal: Refusal) -> None:
+        self.held = None
+        self.guard.held -= 1
+        if self.state is not _State.HOLDING:
+            return
+        self.refuse(refusal)
+        if self.state is _State.HEAD:
+            if self.paused:
+                self.paused = False
+                self.transport.resume_reading()
+            self._advance()  # requests pipelined behind the refused one
 
     def refuse(self, refusal: Refusal) -> None:
         """Answer ``refusal``; when it closes, half-close and linger so the client reads it."""
