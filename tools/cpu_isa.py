@@ -14,6 +14,7 @@ without VNNI (``mismatches``). Standard library only.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tools.manifest import Manifest, ManifestError
@@ -25,9 +26,10 @@ WEIGHTS_BITS_VNNI = 8
 WEIGHTS_BITS_SAFE = 7
 
 
+@functools.lru_cache(maxsize=8)
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
     """The first processor's flags in ``cpuinfo``; None where there is no such file (not Linux)
-    or it names no flags."""
+    or it names no flags. Read once per file (the build asks per int8 model)."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:

@@ -116,7 +116,6 @@ def _server(plan: BenchPlan, say: Say, conditions: dict[str, Any]) -> Iterator[d
         return
     from tools.serve.http_guard import GuardLimits
     from tools.serve.server import EmbeddedServer
-
     from tools.serve.server_config import HTTP_MAX_INPUT_SIZE
 
     guard = _guard_default() if plan.http_guard is None else plan.http_guard
