@@ -228,10 +228,12 @@ def test_the_http_guard_refuses_over_the_cap_after_a_short_hold_with_retry_after
     assert refused and all("HTTP 503" in r.error and "over its latency target" in r.error
                            for r in refused), {r.error for r in refused}
     # Up to MAX_HELD_REFUSALS at a time are held REFUSAL_HOLD_S (a client retrying at once
-    # cannot spin), the flood beyond them answered at once, not holding the client's pool
+    # cannot spin), the flood beyond them answered at once, not holding the client's pool. (The
+    # exact count held is the unit test's, tests/test_serve_http_guard.py: here latency runs from
+    # the scheduled send, so a refusal answered at once to a client running late looks held.)
     held = [r for r in refused if r.latency_ms >= REFUSAL_HOLD_S * 1000]
     at_once = latency_summary(r.latency_ms for r in refused if r.latency_ms < REFUSAL_HOLD_S * 1000)
-    assert held and len(held) <= MAX_HELD_REFUSALS * (3 / REFUSAL_HOLD_S + 1), len(held)
+    assert held and len(held) < len(refused) / 2, (len(held), len(refused), MAX_HELD_REFUSALS)
     assert at_once.p50_ms < 50, at_once
     assert accepted.p99_ms < 2 * 300, accepted
     # 200 at once against a cap of about target x rate (~70 here): the excess gets the hint

@@ -7,8 +7,8 @@ quantizing activations at run time. NNCF's transformer preset keeps softmax, lay
 in floating point and applies SmoothQuant to the MatMul inputs; nodes whose names match
 ``cpu.quantize_exclude`` are not quantized; ``cpu.smooth_quant_alpha`` sets SmoothQuant's
 strength. Weights are 7-bit (NNCF's overflow fix) unless the building CPU has VNNI
-(``tools.cpu_isa``: without it 8-bit sums saturate). Calibration never sees a held-out quality text (``quality_sets.Calibration``); the
-quality gate (``quality.py``) decides.
+(``tools.cpu_isa``: without it 8-bit sums saturate). Calibration never sees a held-out quality
+text (``quality_sets.Calibration``); the quality gate (``quality.py``) decides.
 """
 
 from __future__ import annotations

@@ -29,12 +29,10 @@ import zlib
 
 try:  # a module of the project
     from tools.serve.http_guard import (
-        LOOPBACK, MAX_HELD_REFUSALS, REFUSAL_HOLD_S, Admission, Overloaded, run, run_until_gone,
-        slo_admission_for)
+        LOOPBACK, Admission, Overloaded, refusal_hold_s, run, run_until_gone, slo_admission_for)
 except ImportError:  # a file beside http_guard.py, as the CPU image runs it
     from http_guard import (  # type: ignore[no-redef]
-        LOOPBACK, MAX_HELD_REFUSALS, REFUSAL_HOLD_S, Admission, Overloaded, run, run_until_gone,
-        slo_admission_for)
+        LOOPBACK, Admission, Overloaded, refusal_hold_s, run, run_until_gone, slo_admission_for)
 
 MAX_MESSAGE_BYTES = 16 * 2**20  # as the HTTP body limit (docker-compose.yml)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -353,9 +351,8 @@ class _Pair:
         try:
             done = self.guard.admission.admit(model)
         except Overloaded as exc:
-            hold_s = REFUSAL_HOLD_S if self.guard.held < MAX_HELD_REFUSALS else 0.0
-            self._refuse(stream, str(exc), length, hold_s=hold_s, status=UNAVAILABLE,
-                         metadata=_pushback(exc.retry_after_s))
+            self._refuse(stream, str(exc), length, hold_s=refusal_hold_s(self.guard.held),
+                         status=UNAVAILABLE, metadata=_pushback(exc.retry_after_s))
             return False
         if done is not None:
             self.admitted[stream] = [done, False]
@@ -455,7 +452,7 @@ class GrpcGuard:
         self.upstream_port = upstream_port
         self.max_message_bytes = max_message_bytes
         self.admission = admission
-        self.held = 0  # refusals being held (at most MAX_HELD_REFUSALS)
+        self.held = 0  # refusals being held (http_guard.refusal_hold_s)
 
     async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
         """Listen on ``address:port``."""

@@ -109,6 +109,11 @@ REFUSAL_HOLD_S = 0.2
 MAX_HELD_REFUSALS = 32
 
 
+def refusal_hold_s(held: int) -> float:
+    """How long to hold the next admission refusal while ``held`` are held already."""
+    return REFUSAL_HOLD_S if held < MAX_HELD_REFUSALS else 0.0
+
+
 class Refusal(Exception):
     """A request the guard answers itself: HTTP ``status`` with ``{"error": message}``, after
     ``hold_s`` (``REFUSAL_HOLD_S`` for an admission's refusal, else at once)."""
@@ -565,8 +570,7 @@ class _Client(asyncio.Protocol):
         except Overloaded as exc:
             raise Refusal(503, "Service Unavailable", str(exc), close=request.close,
                           headers=(("Retry-After", str(max(1, math.ceil(exc.retry_after_s)))),),
-                          hold_s=REFUSAL_HOLD_S if self.guard.held < MAX_HELD_REFUSALS else 0.0
-                          ) from None
+                          hold_s=refusal_hold_s(self.guard.held)) from None
 
     def _release(self) -> None:
         self.guard.buffered -= self.reserved
