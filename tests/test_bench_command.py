@@ -78,10 +78,16 @@ def test_the_tail_ratio_is_the_half_load_p99_over_the_p99_at_concurrency_1_with_
     table = format_table(limits, served)
     assert "r=75" in table  # the open-loop row is labelled by its rate
     assert ("tail at half load, text_embedding grpc: P99 28.0 ms at r=75/s = 1.40 x the P99 at "
-            "c=1 20.0 ms (target <= 1.5 x: pass)") in table
+            "c=1 20.0 ms (target <= 1.5 x: pass; both over the same 100 requests)") in table
+    assert tails[0]["same_requests"] is True
     assert "tail at half load, text_embedding http: P99 16.0 ms at r=60/s = 1.60 x" in table
-    assert "(target <= 1.5 x: FAIL)" in table
+    assert "(target <= 1.5 x: FAIL; both over the same 100 requests)" in table
     assert "tail at half load, image_classification grpc: no c=1 point" in table
+    # a c=1 point that counted other requests (cut short, or --tail-cycles 0) is said so
+    served[3] = dataclasses.replace(served[3], requests=80)
+    assert tail_ratios(served)[1]["same_requests"] is False
+    assert ("over 100 and 80 requests, not the same ones: --tail-cycles 1 sends both every one"
+            in format_table(limits, served))
 
 
 def test_the_variants_side_by_side_give_each_protocol_over_its_limit_and_over_the_first():
@@ -231,6 +237,8 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
             single = next(s for s in own if s["concurrency"] == 1)
             assert tail["ratio"] == pytest.approx(tail["p99_ms"] / single["p99_ms"])
             assert tail["passed"] == (tail["ratio"] <= 1.5)
+            # --tail-cycles 1 (the default): both points sent each of the 40 texts once
+            assert tail["same_requests"] and tail["requests"] == single["requests"] == 40
         assert {t["protocol"] for t in report["pipelines"][pipeline]["tail"]} == {"grpc", "http"}
     assert {(v["pipeline"], v["protocol"]) for v in report["variants"]} == {
         (p, proto) for p in pipelines for proto in ("grpc", "http")}

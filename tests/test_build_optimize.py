@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from spec_helpers import project_spec, write_spec
+from tools import cpu_isa
 from tools.build_repo import onnx2fused, onnx2int8
 from tools.build_repo.spec import load_spec
 from tools.errors import ExportError, SpecError
@@ -153,8 +154,11 @@ def test_onnx_runtime_dynamic_int8_of_the_real_minilm_is_fused_gated_and_served_
     for key in ("runtime", "precision", "calibration_texts", "smooth_quant_alpha",
                 "calibrate_on_tune"):
         cpu.pop(key)
+    # Only the fused attention is quantized: with the dense MatMuls int8 too, 7-bit weights (a
+    # CPU without VNNI) missed the gate on punctuation-only texts (min cosine 0.989)
     cpu.update(attention_heads=12, hidden_size=384, quantize_exclude=[
-        "/encoder/encoder/layer.?/intermediate/dense/MatMul", "/encoder/encoder/layer.?/output/dense/MatMul"])
+        "/encoder/encoder/layer.?/intermediate/dense/MatMul", "/encoder/encoder/layer.?/output/dense/MatMul",
+        "/encoder/encoder/layer.?/attention/output/dense/MatMul"])
     cpu["quality"]["texts"] = str(ROOT / "tools/models/data/quality_set.jsonl")
     data["backends"] = str(ROOT / "backends" / "python")
     output = tmp_path / "model_repository"
@@ -165,6 +169,8 @@ def test_onnx_runtime_dynamic_int8_of_the_real_minilm_is_fused_gated_and_served_
     assert max(c["max_abs"] for c in entry["parity"]["onnxruntime_fused"]["cases"]) <= 1e-4
     quality = entry["optimization"]["quality"]
     assert quality["min_cosine"] >= 0.99 and quality["neighbour_agreement"] >= 0.9
+    # 7-bit weights (reduce_range) where this CPU's u8 x s8 sums would saturate
+    assert entry["optimization"]["quantize"]["weights_bits"] == cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())
     assert 'string_value: "model.int8.onnx"' in (output / "minilm_encoder_int8" / "config.pbtxt").read_text()
     for name in ("model.int8.onnx", "model.int8.onnx.reproduce.sh"):
         assert (output / "minilm_encoder_int8" / "1" / name).is_file(), name
@@ -195,13 +201,18 @@ def test_the_issue_13_int8_recipe_is_refused_on_the_degenerate_family_and_not_wr
         build_repository(spec, output, only=["minilm_encoder_int8"], progress=False)
     message = str(info.value)
     assert "model 'minilm_encoder_int8': the int8 quality gate failed: " in message
+    # the worst degenerate text: a repeated word with 8-bit weights (VNNI), a run of dots with
+    # the 7-bit ones a CPU without VNNI gets
     degenerate = re.search(r"form:degenerate min cosine (0\.\d+) < 0\.99 on \d+ of 98 texts \(worst: "
                            r"text (\d+) of 98 in form:degenerate \(\S+quality_set\.jsonl:(\d+), "
-                           r"repeat_word\): 'word word word", message)
+                           r"(repeat_word|punctuation)\): '", message)
     assert degenerate, message
     assert float(degenerate[1]) < 0.96
     rows = {f.family: f for f in info.value.report.families}
     assert rows["form:degenerate"].worst.index == int(degenerate[2])
     assert {f for f, r in rows.items() if r.status == "FAIL"} >= {"form:degenerate", "script:latin"}
-    assert rows["form:prose"].status == "pass"
+    forms = [r for f, r in rows.items() if f.startswith("form:")]
+    assert min(forms, key=lambda r: r.min_cosine).family == "form:degenerate"
+    if cpu_isa.has_vnni(cpu_isa.cpu_flags()):  # measured there: only the degenerate text fails
+        assert rows["form:prose"].status == "pass"
     assert sorted(p.relative_to(output) for p in output.rglob("*")) == before

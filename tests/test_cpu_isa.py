@@ -59,6 +59,16 @@ def test_serve_warns_of_an_8_bit_int8_model_on_a_cpu_without_vnni_naming_the_reb
     assert cpu_isa.mismatches(repository, frozenset(ZEN4.split())) == []
 
 
+def test_serve_warns_of_an_8_bit_onnx_runtime_int8_model_too(tmp_path):
+    """``runtime: onnxruntime`` int8 (dynamic, ``reduce_range`` at 7 bits) records no runtime."""
+    models = {"ort_int8": ModelEntry(kind=ModelKind.PYTORCH, target="cpu", optimization={
+        "level": "int8", "fused": {}, "quantize": {"quantized": 36, "weights_bits": 8}})}
+    (tmp_path / MANIFEST_NAME).write_text(Manifest(spec="s", target="cpu", models=models).to_text(),
+                                          encoding="utf-8")
+    lines = cpu_isa.mismatches(tmp_path, frozenset(ZEN3.split()))
+    assert [line.split(":")[0] for line in lines] == ["model 'ort_int8'"]
+
+
 def test_no_warning_without_a_readable_manifest(tmp_path):
     assert cpu_isa.mismatches(tmp_path, frozenset(ZEN3.split())) == []
     (tmp_path / MANIFEST_NAME).write_text("{not json", encoding="utf-8")

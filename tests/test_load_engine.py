@@ -131,6 +131,21 @@ def test_max_requests_ends_the_window_when_the_last_of_them_completes(toy_server
     assert point.seconds < 5 and time.monotonic() - started < 5
 
 
+def test_from_first_measures_every_request_the_same_number_of_times_whatever_the_warmup_sent():
+    """The tail ratio's two points (``tools bench --tail-cycles``) compare the same payloads."""
+    from tools.load.state import Run
+
+    run_ = Run(None, ["a", "b", "c"], warmup_s=60.0, duration_s=60.0, max_requests=6, stop=None,
+               from_first=True)
+    warmup = [run_.take(run_.start + 0.1 * i) for i in range(4)]  # a b c a: the warm-up's
+    window = [run_.take(run_.window.start_s + i) for i in range(7)]
+    assert warmup == ["a", "b", "c", "a"]
+    assert window == ["a", "b", "c", "a", "b", "c", None]
+    plain = Run(None, ["a", "b", "c"], warmup_s=60.0, duration_s=60.0, max_requests=3, stop=None)
+    [plain.take(plain.start) for _ in range(4)]
+    assert [plain.take(plain.window.start_s) for _ in range(3)] == ["b", "c", "a"]  # cycling on
+
+
 @pytest.mark.server
 def test_a_background_run_stops_when_joined_and_its_window_ends_there(toy_server):
     load = Background([_double(50.0)], sender_for("raw-http", toy_server.http_url),

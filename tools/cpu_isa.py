@@ -1,16 +1,17 @@
-"""What this CPU gives OpenVINO's int8 MatMuls, and which built int8 models it would serve wrong.
+"""What this CPU gives int8 MatMuls (OpenVINO's and ONNX Runtime's), and which built int8 models
+it would serve wrong.
 
 With VNNI (AVX512_VNNI, AVX-VNNI) or AMX, a u8 x s8 dot product is summed exactly in int32.
-Without it (AVX2, AVX-512 without VNNI: e.g. AMD Zen 3) the CPU plugin multiplies with
-``vpmaddubsw``, whose pairwise sums saturate at int16: 8-bit weights overflow, and MiniLM's
-int8 fell to cosine 0.912 against fp32 on the quality set (0.99 is the gate). NNCF's overflow
-fix quantizes the weights to 7 bits, which cannot overflow; the products are then exact on every
-x86 CPU, so a model built that way computes the same on a VNNI host and on any other.
+Without it (AVX2, AVX-512 without VNNI: e.g. AMD Zen 3) both OpenVINO's CPU plugin and ONNX
+Runtime's MLAS multiply with ``vpmaddubsw``, whose pairwise sums saturate at int16: 8-bit weights
+overflow. MiniLM's int8 fell to cosine 0.912 (OpenVINO) and 0.982 (ONNX Runtime dynamic) against
+fp32 on the quality set (0.99 is the gate). 7-bit weights (NNCF's overflow fix, ONNX Runtime's
+``reduce_range``) cannot overflow; the products are then exact on every x86 CPU, so a model built
+that way computes the same on a VNNI host and on any other.
 
-The build (``onnx2ov_int8``) quantizes with 7-bit weights unless the building CPU has VNNI and
-records the width in the manifest; ``tools serve`` warns about an 8-bit int8 model on a CPU
-without VNNI (``mismatches``). Standard library only.
-"""
+The builds (``onnx2ov_int8``, ``onnx2int8``) quantize with 7-bit weights unless the building CPU
+has VNNI and record the width in the manifest; ``tools serve`` warns about an 8-bit int8 model on
+a CPU without VNNI (``mismatches``). Standard library only."""
 
 from __future__ import annotations
 
@@ -66,8 +67,7 @@ def mismatches(repository: Path, flags: frozenset[str] | None = None) -> list[st
     lines = []
     for name, entry in sorted((manifest.models if manifest else {}).items()):
         quantize = (entry.optimization or {}).get("quantize") or {}
-        if (entry.optimization or {}).get("runtime") == "openvino" \
-                and quantize.get("weights_bits") == WEIGHTS_BITS_VNNI:
+        if quantize.get("weights_bits") == WEIGHTS_BITS_VNNI:
             lines.append(
                 f"model {name!r}: its int8 weights are 8-bit, quantized on a CPU with VNNI; this "
                 f"CPU has no VNNI (AVX512_VNNI, AVX-VNNI or AMX), so its int8 sums saturate and "

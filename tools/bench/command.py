@@ -57,6 +57,10 @@ def _ints(value: str, option: str) -> list[int]:
               help="After each protocol's sweep, an open loop at half of its best served "
               "throughput: its P99 over the P99 at c=1 is the tail ratio (target <= "
               f"{report.TAIL_TARGET:g}).")
+@option("--tail-cycles", type=click.IntRange(min=0), default=1, show_default=True,
+        help="The two points of the tail ratio (c=1 and half load) each send every distinct "
+        "request this many times from the first, whatever --duration says, so both P99s are "
+        "over the same texts; 0: they last --duration like the others.")
 @click.option("--http-guard/--no-http-guard", default=None,
               help="The embedded server's HTTP guard [default: as tools serve: on for a "
               "binary without --http-max-input-size, such as the nvidia-pytriton wheel's 2.51]; "
@@ -73,7 +77,7 @@ def _ints(value: str, option: str) -> list[int]:
 def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | None,
           data: Path | None, scenarios: tuple[str, ...], batch_sizes: str, concurrency: str,
           protocol: str, duration: float, warmup: float, min_seconds: float, half_load: bool,
-          http_guard: bool | None, grpc_guard: bool, guard_cost: bool, output: Path) -> None:
+          tail_cycles: int, http_guard: bool | None, grpc_guard: bool, guard_cost: bool, output: Path) -> None:
     """Measure served pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
@@ -85,7 +89,8 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
     scenario's requests (derived from the spec's inputs as tools loadtest derives them: texts,
     photos, text pairs, generated tensors; --data replaces them), HTTP through the guard when
     tools serve would put one there and gRPC through the gRPC guard; then an open loop at half of the best served throughput
-    (the tail ratio: its P99 over the P99 at c=1, target <= 1.5). The in-process limit encodes
+    (the tail ratio: its P99 over the P99 at c=1, target <= 1.5; both points send every
+    distinct request --tail-cycles times, the same texts). The in-process limit encodes
     the texts the served requests carry. The ratio column is throughput over that pipeline's
     best in-process throughput; the side-by-side table puts each pipeline against the first one
     on the same protocol.
@@ -105,7 +110,7 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
         levels=tuple(_ints(concurrency, "--concurrency")),
         protocols=("grpc", "http") if protocol == "both" else (protocol,),
         duration_s=duration, warmup_s=warmup, min_seconds=min_seconds, half_load=half_load,
-        output=output, url=url, grpc_url=grpc_url, http_guard=http_guard, grpc_guard=grpc_guard,
+        tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, http_guard=http_guard, grpc_guard=grpc_guard,
         guard_cost=guard_cost,
     )
     run = run_bench(plan, lambda line: click.echo(line, err=True))

@@ -100,7 +100,9 @@ def compute_figures(point: Point) -> dict[str, Any]:
 
 
 def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
-    """Per pipeline and protocol with an open-loop point: its P99 against the P99 at c=1."""
+    """Per pipeline and protocol with an open-loop point: its P99 against the P99 at c=1, and
+    whether both counted the same requests (``same_requests``: as many, from the first, which
+    ``--tail-cycles`` gives them)."""
     out = []
     for s in served:
         if not s.offered_rps:
@@ -109,9 +111,13 @@ def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
                       None)
         p99_1 = single.p99_ms if single else None
         ratio = (s.p99_ms / p99_1) if (p99_1 and s.p99_ms) else None
+        counted = s.requests + s.errors
+        counted_1 = single.requests + single.errors if single else 0
         out.append({
             "pipeline": s.model, "protocol": s.protocol, "offered_rps": s.offered_rps,
             "throughput": s.throughput, "p99_ms": s.p99_ms, "p99_c1_ms": p99_1,
+            "requests": counted, "requests_c1": counted_1,
+            "same_requests": bool(counted) and counted == counted_1,
             "ratio": ratio, "target": TAIL_TARGET,
             "passed": None if ratio is None else ratio <= TAIL_TARGET,
         })
@@ -123,9 +129,12 @@ def _tail_line(tail: Mapping[str, Any]) -> str:
     if tail["ratio"] is None:
         return f"{where}: no c=1 point (or no success) to compare with"
     verdict = "pass" if tail["passed"] else "FAIL"
+    over = (f"both over the same {tail['requests']} requests" if tail["same_requests"] else
+            f"over {tail['requests']} and {tail['requests_c1']} requests, not the same ones: "
+            f"--tail-cycles 1 sends both every one")
     return (f"{where}: P99 {tail['p99_ms']:.1f} ms at r={tail['offered_rps']:.0f}/s = "
             f"{tail['ratio']:.2f} x the P99 at c=1 {tail['p99_c1_ms']:.1f} ms "
-            f"(target <= {tail['target']:g} x: {verdict})")
+            f"(target <= {tail['target']:g} x: {verdict}; {over})")
 
 
 def format_table(limits: Sequence[LimitResult], served: Sequence[Point],

@@ -27,6 +27,9 @@ UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guar
 UNGUARDED_GRPC = "grpc-unguarded"  # gRPC on tritonserver's own port, around the gRPC guard
 # The labels measured around a guard (--guard-cost) -> the protocol they are sent with.
 AROUND = {UNGUARDED: "http", UNGUARDED_GRPC: "grpc"}
+# The longest a tail point sending whole cycles of the requests may take (then it is cut short,
+# and the tail line says its P99s are not over the same requests).
+TAIL_BOUND_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class BenchPlan:
         duration_s, warmup_s: Of each served point.
         min_seconds: In-process: at least this long per batch size.
         half_load: End each protocol's sweep with an open loop at half its best throughput.
+        tail_cycles: The tail ratio's two points (c=1, half load) send every distinct request
+            this many times from the first (0: they last ``duration_s``), bounded by
+            ``TAIL_BOUND_S``.
         output: Folder for the server log (and the report).
         url, grpc_url: A running server (both or neither); None: the embedded server.
         http_guard: The embedded server's HTTP guard: None as ``tools serve`` decides (on for a
@@ -67,6 +73,7 @@ class BenchPlan:
     min_seconds: float
     half_load: bool
     output: Path
+    tail_cycles: int = 1
     url: str | None = None
     grpc_url: str | None = None
     http_guard: bool | None = None
@@ -180,17 +187,20 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
     for label in protocols:
         sender = AROUND.get(label, label)
         timing = {"warmup_s": plan.warmup_s, "duration_s": plan.duration_s}
+        # the tail ratio's points: every distinct request, the same number of times
+        whole = ({"warmup_s": plan.warmup_s, "duration_s": TAIL_BOUND_S,
+                  "cycles": plan.tail_cycles} if plan.tail_cycles else timing)
         own = []
         for level in plan.levels:
             point = measure(target.requests, sender, endpoints[label], endpoints["stats"],
-                            concurrency=level, label=label, **timing)
+                            concurrency=level, label=label, **(whole if level == 1 else timing))
             own.append(point)
             say(f"  served {target.name} {label} c={level}: {_point_line(point)}")
         run.served.extend(own)
         if plan.half_load:
             top = max(own, key=lambda p: p.throughput)
             point = measure(target.requests, sender, endpoints[label], endpoints["stats"],
-                            rate=max(top.throughput / 2, 1.0), label=label, **timing)
+                            rate=max(top.throughput / 2, 1.0), label=label, **whole)
             run.served.append(point)
             say(f"  served {target.name} {label} {point.label} (half of "
                 f"{top.throughput:.1f}): {_point_line(point)}")

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tools import cpu_isa
 from tools.build_repo import config as cfg
 from tools.build_repo.fingerprints import (
     ensemble_inputs,
@@ -220,14 +221,17 @@ class PytorchBuilder(SpecEntryBuilder):
         record: dict[str, Any] = {"level": model.cpu.optimize, "fused": fusion.to_dict()}
         if model.cpu.optimize == "int8":
             int8_path = onnx_path.with_name(cfg.INT8_FILE)
-            quantized = stages.run(Stage.QUANTIZE, onnx2int8.quantize_onnx, fused_path, int8_path, model)
+            weights_bits = cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())
+            quantized = stages.run(Stage.QUANTIZE, onnx2int8.quantize_onnx, fused_path, int8_path,
+                                   model, weights_bits)
             write_reproduce_script(int8_path, spec.path, output, model.name, self.target,
-                                   note=f"dynamic per-channel int8 of {cfg.FUSED_FILE}")
+                                   note=f"dynamic per-channel int8 of {cfg.FUSED_FILE} "
+                                        f"({weights_bits}-bit weights)")
             gate = model.cpu.quality
             quality_set, _ = quality.load_gate_set(gate, spec.root, self.where)
             report = quality.run_gate(stages, model, gate, quality_set, fp32_runner,
                                       onnxruntime_runner(str(int8_path), threads=spec.cpu_cores))
-            record["quantize"] = quantized.to_dict()
+            record["quantize"] = {**quantized.to_dict(), "weights_bits": weights_bits}
             record["quality"] = report.to_dict()
             stages.result.note = quality.summary_note(report)
         entry.optimization = record
@@ -237,7 +241,6 @@ class PytorchBuilder(SpecEntryBuilder):
         """cpu target, ``runtime: openvino``: fp32 is checked for parity against PyTorch; bf16,
         and int8 (NNCF's static quantization first), on the quality set against the exported
         graph under ONNX Runtime (``fp32_runner``)."""
-        from tools import cpu_isa
         from tools.build_repo import onnx2ov_int8, quality, quality_sets
         from tools.build_repo.parity import check_parity, figures_to_manifest, openvino_runner
         from tools.build_repo.torch2onnx import write_reproduce_script

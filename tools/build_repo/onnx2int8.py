@@ -1,7 +1,10 @@
 """Fused ONNX -> int8 ONNX: dynamic quantization with per-channel int8 weights (cpu target).
 
 Weights are quantized once, activations per batch at run time (no calibration set); nodes whose
-names match ``cpu.quantize_exclude`` stay fp32. The quality gate (``quality.py``) decides.
+names match ``cpu.quantize_exclude`` stay fp32. The quality gate (``quality.py``) decides. On a
+CPU without VNNI, ONNX Runtime's u8 x s8 kernels sum pairs in int16 (``vpmaddubsw``) and 8-bit
+weights saturate (MiniLM: cosine 0.982 against the 0.99 gate on an AVX2-only EPYC), so there the
+weights are 7-bit (``reduce_range``; ``tools.cpu_isa.int8_weights_bits``).
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ def excluded_nodes(nodes: Sequence[str], patterns: Sequence[str], spec: ModelSpe
     return kept
 
 
-def quantize_onnx(source: Path, destination: Path, spec: ModelSpec) -> QuantizeResult:
-    """Write the int8 graph of ``source`` to ``destination``.
+def quantize_onnx(source: Path, destination: Path, spec: ModelSpec,
+                  weights_bits: int = 8) -> QuantizeResult:
+    """Write the int8 graph of ``source`` to ``destination``, with ``weights_bits`` (7 or 8) bit
+    weights.
 
     Raises:
         ExportError: a ``quantize_exclude`` pattern matches no node (a typo would otherwise
@@ -68,12 +73,14 @@ def quantize_onnx(source: Path, destination: Path, spec: ModelSpec) -> QuantizeR
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    if weights_bits not in (7, 8):
+        raise ExportError(f"model {spec.name!r}: int8 weights are 7 or 8 bits, not {weights_bits}")
     nodes = quantizable_nodes(source)
     kept = excluded_nodes(nodes, spec.cpu.quantize_exclude, spec, source)
     try:
         quantize_dynamic(
             str(source), str(destination), per_channel=True, weight_type=QuantType.QInt8,
-            nodes_to_exclude=kept,
+            reduce_range=weights_bits == 7, nodes_to_exclude=kept,
             # The fused graph's com.microsoft ops have no ONNX shape inference: type as float.
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )

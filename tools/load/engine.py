@@ -26,7 +26,7 @@ from tools.load.state import Run, one_line
 async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing, *,
                     duration_s: float, warmup_s: float = 0.0, max_requests: int | None = None,
                     meters: Sequence[Meter] = (), stop: threading.Event | None = None,
-                    records: list[stats.Record] | None = None) -> Point:
+                    records: list[stats.Record] | None = None, from_first: bool = False) -> Point:
     """Run one load on the running event loop and measure it (see ``run``); ``records``, when
     given, is the list the run fills (a caller may read it while the run goes on)."""
     if not requests:
@@ -35,7 +35,7 @@ async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing,
     await sender.open(pacing.slots)
     try:
         run = Run(sender, prepared, warmup_s=warmup_s, duration_s=duration_s,
-                  max_requests=max_requests, stop=stop, records=records)
+                  max_requests=max_requests, stop=stop, records=records, from_first=from_first)
         errors: dict[str, str] = {}
         started = asyncio.ensure_future(_start_meters(meters, run.window.start_s, run.clock,
                                                       errors))
@@ -74,7 +74,7 @@ async def _start_meters(meters: Sequence[Meter], at: float, clock: Any,
 
 def run(requests: Sequence[Request], sender: Sender, pacing: Pacing, *, duration_s: float,
         warmup_s: float = 0.0, max_requests: int | None = None, meters: Sequence[Meter] = (),
-        stop: threading.Event | None = None) -> Point:
+        stop: threading.Event | None = None, from_first: bool = False) -> Point:
     """Send ``requests`` (in order, cycling) with ``pacing`` through ``sender``; measure.
 
     Args:
@@ -85,6 +85,9 @@ def run(requests: Sequence[Request], sender: Sender, pacing: Pacing, *, duration
         warmup_s: Seconds sent but not measured at the start.
         max_requests: Send at most this many requests inside the window; the window then
             ends when the last of them completes.
+        from_first: The window's first request is ``requests[0]`` (whatever the warm-up
+            sent): with ``max_requests`` = k x ``len(requests)`` every request is measured
+            exactly k times, so two points compare the same payloads.
         meters: Started at the window's start, stopped after the load; their figures go into
             ``Point.meters`` by name (a meter that fails is left out, its error in
             ``Point.meter_errors``: it never fails the load).
@@ -96,7 +99,7 @@ def run(requests: Sequence[Request], sender: Sender, pacing: Pacing, *, duration
     """
     return run_loop(run_async(requests, sender, pacing, duration_s=duration_s,
                               warmup_s=warmup_s, max_requests=max_requests, meters=meters,
-                              stop=stop), sender)
+                              stop=stop, from_first=from_first), sender)
 
 
 def run_loop(main: Any, sender: Sender) -> Any:

@@ -22,12 +22,14 @@ class Run:
     Attributes:
         start: When the run started (``time.monotonic``).
         window: The measured window ``[start + warmup_s, start + warmup_s + duration_s]``.
+            With ``from_first`` its first request is ``prepared[0]``, whatever the warm-up
+            sent, so ``max_requests`` = k x ``len(prepared)`` measures each exactly k times.
         records: Every request so far (warm-up included), in completion order.
     """
 
     def __init__(self, sender: Sender, prepared: Sequence[Any], *, warmup_s: float,
                  duration_s: float, max_requests: int | None, stop: threading.Event | None,
-                 records: list[stats.Record] | None = None) -> None:
+                 records: list[stats.Record] | None = None, from_first: bool = False) -> None:
         self.clock = time.monotonic
         self.start = self.clock()
         self.window = stats.Window(self.start + warmup_s, self.start + warmup_s + duration_s)
@@ -37,6 +39,7 @@ class Run:
         self._next = 0
         self._max_requests = max_requests
         self._in_window = 0
+        self._from_first = from_first
         self._stop = stop or threading.Event()
         self.stopped_at: float | None = None
 
@@ -53,6 +56,8 @@ class Run:
         if at >= self.window.end_s or (at >= self.window.start_s and self.count_reached):
             return None
         if at >= self.window.start_s:
+            if self._from_first and not self._in_window:
+                self._next = 0  # the window starts at the first request
             self._in_window += 1
         prepared = self._prepared[self._next % len(self._prepared)]
         self._next += 1
