@@ -27,6 +27,6 @@ echo "fast tier: pytest -m fast -x"
 fast=0; .venv/bin/python -m pytest -m fast -x "$@" || fast=$?
 [ "$fast" = 0 ] || [ "$fast" = 5 ] || exit "$fast"
 echo "the rest: pytest -m 'not fast'"
-rest=0; .venv/bin/python -m pytest -m "not fast" "$@" || rest=$?
+rest=0; .venv/bin/python -m pytest -m "not fast" --durations=15 "$@" || rest=$?
 if [ "$rest" = 5 ] && [ "$fast" = 0 ]; then exit 0; fi
 exit "$rest"
