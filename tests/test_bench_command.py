@@ -409,6 +409,9 @@ def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
         figures = report["pipelines"][name]
         assert figures["requests"] == len(build_scenario(load_spec(spec), name).requests)
         assert {t["protocol"] for t in figures["tail"]} == set(protocols)
+        # the tail ratio's two points sent each of the added pipeline's requests once
+        assert all(t["same_requests"] and t["requests"] == figures["requests"]
+                   for t in figures["tail"])
     embedder, scorer = report["pipelines"]["cls_embedder"], report["pipelines"]["scorer"]
     assert embedder["payload"] == "texts" and embedder["requests"] == report["texts"]
     assert "consumed by backend text_tokenizer of cls_embedder_tokenizer" in embedder["load"][0]
