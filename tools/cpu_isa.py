@@ -53,6 +53,11 @@ def int8_weights_bits(flags: frozenset[str] | None) -> int:
     return WEIGHTS_BITS_VNNI if has_vnni(flags) else WEIGHTS_BITS_SAFE
 
 
+def this_cpu_int8_weights_bits() -> int:
+    """``int8_weights_bits`` of this machine: what an int8 model built here gets."""
+    return int8_weights_bits(cpu_flags())
+
+
 def mismatches(repository: Path, flags: frozenset[str] | None = None) -> list[str]:
     """One line per int8 model of ``repository`` (its manifest) built with 8-bit weights, which
     this CPU (``flags``, default: this machine's) would run with saturating sums; none where the

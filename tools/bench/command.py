@@ -77,7 +77,8 @@ def _ints(value: str, option: str) -> list[int]:
 def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | None,
           data: Path | None, scenarios: tuple[str, ...], batch_sizes: str, concurrency: str,
           protocol: str, duration: float, warmup: float, min_seconds: float, half_load: bool,
-          tail_cycles: int, http_guard: bool | None, grpc_guard: bool, guard_cost: bool, output: Path) -> None:
+          tail_cycles: int, http_guard: bool | None, grpc_guard: bool, guard_cost: bool,
+          output: Path) -> None:
     """Measure served pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
@@ -110,8 +111,8 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
         levels=tuple(_ints(concurrency, "--concurrency")),
         protocols=("grpc", "http") if protocol == "both" else (protocol,),
         duration_s=duration, warmup_s=warmup, min_seconds=min_seconds, half_load=half_load,
-        tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, http_guard=http_guard, grpc_guard=grpc_guard,
-        guard_cost=guard_cost,
+        tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, http_guard=http_guard,
+        grpc_guard=grpc_guard, guard_cost=guard_cost,
     )
     run = run_bench(plan, lambda line: click.echo(line, err=True))
     table, variants = report.write(run, output)

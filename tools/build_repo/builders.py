@@ -221,7 +221,7 @@ class PytorchBuilder(SpecEntryBuilder):
         record: dict[str, Any] = {"level": model.cpu.optimize, "fused": fusion.to_dict()}
         if model.cpu.optimize == "int8":
             int8_path = onnx_path.with_name(cfg.INT8_FILE)
-            weights_bits = cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())
+            weights_bits = cpu_isa.this_cpu_int8_weights_bits()
             quantized = stages.run(Stage.QUANTIZE, onnx2int8.quantize_onnx, fused_path, int8_path,
                                    model, weights_bits)
             write_reproduce_script(int8_path, spec.path, output, model.name, self.target,
@@ -259,7 +259,7 @@ class PytorchBuilder(SpecEntryBuilder):
                                                      f"{self.where}field 'cpu.calibration_texts': ")),
                 quality_set, tokenizer_file, gate.max_length, model.cpu.calibrate_on_tune)
             served = onnx_path.with_name(cfg.OV_INT8_FILE)
-            weights_bits = cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())
+            weights_bits = cpu_isa.this_cpu_int8_weights_bits()
             quantized = stages.run(Stage.QUANTIZE, onnx2ov_int8.quantize_openvino, onnx_path, served,
                                    model, calibration, quality_set, weights_bits)
             write_reproduce_script(served, spec.path, output, model.name, self.target,

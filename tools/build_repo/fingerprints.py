@@ -150,7 +150,7 @@ def export_inputs(
         | ({"openvino": tools.get("openvino")}
            if target == "cpu" and model.cpu.runtime == "openvino" else {}),
         # int8 weights are 7-bit on a CPU without VNNI: building on the other kind re-quantizes
-        **({"int8_weights_bits": cpu_isa.int8_weights_bits(cpu_isa.cpu_flags())}
+        **({"int8_weights_bits": cpu_isa.this_cpu_int8_weights_bits()}
            if target == "cpu" and model.cpu.optimize == "int8" else {}),
         "builder": builder_sources(export_only=True),
     }
