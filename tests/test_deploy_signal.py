@@ -27,8 +27,9 @@ from tools.net import free_ports
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = shutil.which("prometheus")
 # The SLO texts (loadtests/data) at 60 users: each request waits behind ~25 others in the
-# encoder's queue, well above the target; 60 is below the tokenizer's admission limit of 64
-# queued requests, so none is refused (pending <= users).
+# encoder's queue, well above the target. None is refused: the tokenizer's gate admits up to 64
+# queued (pending <= users) or the encoder's measured rate times 2 x its 600 ms objective,
+# ~60-80 at its 50-70 req/s here (a rate measured per 10 ms slice once gave 10: refused).
 LOAD_S, LOAD_MAX_REQUESTS, USERS = 45.0, 30_000, 60
 IDLE_WAIT_S = 120.0  # the rate window (1m) plus scrape and evaluation delays
 CURRENT_REPLICAS = 2  # the HPA's minReplicas

@@ -234,3 +234,20 @@ def test_the_server_sets_the_variable_the_gate_reads():
     from tools.serve import server
 
     assert server.METRICS_URL_ENV == admission.METRICS_URL_ENV
+
+
+def test_the_rate_is_measured_over_a_window_not_a_slice_between_two_batches():
+    # 10 ms readings while a batch of 8 takes 0.1 s: most slices answer nothing
+    settings = AdmissionSettings(("minilm_encoder",), 64, p99_s=1.0)
+    clock = FakeClock()
+    readings = [_metrics(2, 8 * (i // 10)) for i in range(120)]
+    gate = _gate(settings, readings, clock)
+    gate.refresh()
+    clock.advance(0.01)
+    gate.refresh()  # a first slice with no answer
+    assert gate.rate is None and gate.limit() == 64, "one slice says nothing of the speed"
+    for _ in range(100):
+        clock.advance(0.01)
+        gate.refresh()
+    assert 60 <= gate.rate <= 100, "8 per 0.1 s, within a batch per window"
+    assert gate.limit() == 64 and gate.admit(8) == 8

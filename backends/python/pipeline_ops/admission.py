@@ -48,6 +48,10 @@ IDLE_AFTER_S = 1.0  # no request for this long: stop reading the metrics until t
 # refused; the guards keep the P99 itself (tools/serve/admission.py).
 DRAIN_FACTOR = 2.0
 RATE_TAU_S = 0.5  # time constant of the later models' measured rate
+# The rate is measured over windows of at least this much queued time (and one answer), not
+# per reading: a first 10 ms slice between two batches answers nothing, and a rate of 0 made the
+# room 1 request (a user's cross-encoder at 2 closed-loop users was refused; CI, fourth session).
+RATE_WINDOW_S = 0.25
 _GAUGE = re.compile(r'^(nv_inference_pending_request_count|nv_inference_request_success)'
                     r'\{model="([^"]+)",[^}]*\}\s+(\S+)$', re.M)
 log = logging.getLogger(__name__)
@@ -195,6 +199,7 @@ class QueueGate:
         self._room: int | None = None  # None: no reading yet (or the last one failed): fail open
         self.rate: float | None = None  # the later models' answers/s while they had a queue
         self._last: tuple[float, Reading] | None = None
+        self._window = (0.0, 0.0)  # queued seconds and answers not yet in ``rate``
         self._stop = threading.Event()
         self._warned = False
         self._last_admit = -math.inf
@@ -224,12 +229,22 @@ class QueueGate:
 
     def _measure(self, now: float, reading: Reading) -> None:
         """Update ``rate`` from the answers since the last reading, if the models had a queue
-        then (only a queue that never ran dry shows how fast they go)."""
+        then (only a queue that never ran dry shows how fast they go), once that queued time
+        makes a window of ``RATE_WINDOW_S`` with an answer in it (or four windows without)."""
         last, self._last = self._last, (now, reading)
-        if last is None or now <= last[0] or last[1].pending == 0 or reading.done < last[1].done:
+        if last is None or reading.done < last[1].done:  # idle, or the models reloaded
+            self._window = (0.0, 0.0)
             return
-        rate = (reading.done - last[1].done) / (now - last[0])
-        keep = math.exp(-(now - last[0]) / RATE_TAU_S)
+        if now <= last[0] or last[1].pending == 0:
+            return
+        seconds = self._window[0] + now - last[0]
+        answers = self._window[1] + reading.done - last[1].done
+        if seconds < RATE_WINDOW_S or (answers < 1 and seconds < 4 * RATE_WINDOW_S):
+            self._window = (seconds, answers)
+            return
+        self._window = (0.0, 0.0)
+        rate = answers / seconds
+        keep = math.exp(-seconds / RATE_TAU_S)
         self.rate = rate if self.rate is None else keep * self.rate + (1 - keep) * rate
 
     def limit(self) -> int:
