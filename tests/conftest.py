@@ -165,26 +165,59 @@ def _session_triton_server(
     try:
         yield server
     finally:
+        code = server.poll()
+        if code is not None:  # died during the last test that used it
+            _record_death(server, code, "the end of the session")
         server.stop()
 
 
+_SERVER_DEATHS: list[str] = []  # what the terminal summary says of each session-server death
+_LAST_USER: list[str | None] = [None]  # the last test that used the session's server
+_CRASH_LINES = 30  # the crash's own lines kept: "Signal (N) received." and its stack frames
+
+
+def _crash_of(log: str) -> str:
+    """The end of a dead server's log from its last ``Signal (`` line (else its last lines)."""
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Signal (")]
+    start = starts[-1] if starts else max(0, len(lines) - 10)
+    return "\n".join(lines[start:start + _CRASH_LINES])
+
+
 @pytest.fixture
-def triton_server(_session_triton_server: EmbeddedServer) -> EmbeddedServer:
+def triton_server(_session_triton_server: EmbeddedServer,
+                  request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
     """An embedded tritonserver on the built repository, on free ports, shared by the session.
 
     A server that died during an earlier test (CI once saw tritonserver 2.51 crash in the
     Python backend under 60 users; the 79 tests after it failed on a refused connection) is
     started again on the same ports, its log rotated (``tritonserver.log.1`` keeps the crash):
-    the test it died in fails, the others run.
+    the test it died in fails, the others run, and the end of the run names the test and
+    shows the crash's stack (the part of a CI log that is printed).
     """
     server = _session_triton_server
     code = server.poll()
     if code is not None:
-        print(f"the session's tritonserver exited ({code}) during an earlier test; "
-              f"starting it again (its log: {server.log_path}.1)")
+        _record_death(server, code, f"started again for {request.node.nodeid}")
         server.stop()
         server.start(timeout_s=300)
-    return server
+    _LAST_USER[0] = request.node.nodeid
+    yield server
+
+
+def _record_death(server: EmbeddedServer, code: int, then: str) -> None:
+    log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+    _SERVER_DEATHS.append(
+        f"the session's tritonserver exited with {code} during or after "
+        f"{_LAST_USER[0] or 'its start'}; {then} (its log: {server.log_path}, rotated to .1 "
+        f"when started again):\n{_crash_of(log)}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Each death of the session's tritonserver, with its crash, at the very end of the run."""
+    for death in _SERVER_DEATHS:
+        terminalreporter.write_sep("=", "tritonserver died", red=True)
+        terminalreporter.write_line(death)
 
 
 def _gpu_missing() -> list[str]:

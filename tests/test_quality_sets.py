@@ -320,6 +320,22 @@ def test_a_variant_missing_one_family_is_refused_naming_it_and_its_worst_text(tm
     assert rows["form:degenerate"].worst.index == 4 and rows["form:degenerate"].held_out == 4
 
 
+def test_a_variant_wrong_only_when_a_text_runs_alone_is_refused(tmp_path):
+    # OpenVINO 2026.4 (int8, bf16 leftovers, AMX) computed sequences of exactly 32 tokens wrong;
+    # in the gate's batches, padded to their longest text, no text ran at its own length.
+    quality_set, reference = _gate_case(tmp_path)
+    table, wrong = _runner(reference), _tilt(reference[8], 0.7)
+
+    def shape_faulty(feed):
+        out = table(feed)
+        if len(feed["input_ids"]) == 1 and int(feed["input_ids"][0][0]) == 8:
+            out["embedding"] = wrong[None]
+        return out
+
+    with pytest.raises(quality.QualityError, match=r"form:degenerate min cosine 0.70000 < 0.99"):
+        quality.check_embedding_quality(_model(), _gate(), quality_set, table, shape_faulty)
+
+
 def test_a_family_passes_when_each_of_its_texts_keeps_the_bound(tmp_path):
     quality_set, reference = _gate_case(tmp_path)
     candidate = {k: _tilt(v, 0.995) for k, v in reference.items()}

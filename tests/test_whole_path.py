@@ -125,14 +125,19 @@ def _words(command: str, cwd: Path, env: dict[str, str]) -> list[str]:
 def _package_with_a_recording_engine(command: str, cwd: Path, env: dict[str, str]) -> None:
     """``tools deploy package`` in-process: the real verification of the built repository, the
     real staging and record, the container engine recorded."""
+    from unittest import mock
+
+    from tools.deploy import artifact
     from tools.deploy.artifact import default_record_path, package
 
     words = _words(command, cwd, env)
     option = {w: words[i + 1] for i, w in enumerate(words) if w.startswith("--") and i + 1 < len(words)}
     repository = cwd / option["--repository"]
     engine = _Engine()
-    record = package(repository, option["--name"], option["--copier-image"], engine="podman",
-                     push="--push" in words, run=engine)
+    # the recorder is the engine: podman need not be installed (a fresh machine has none)
+    with mock.patch.object(artifact, "pick_engine", lambda name=None: name or "podman"):
+        record = package(repository, option["--name"], option["--copier-image"], engine="podman",
+                         push="--push" in words, run=engine)
     assert engine.staged["repository/minilm_onnx/1/model.onnx"] > 80_000_000  # the user's file
     assert any(k.startswith("repository/clf3_classifier/1/") for k in engine.staged)
     default_record_path(repository).write_text(record.to_text(), encoding="utf-8")
