@@ -188,9 +188,12 @@ def test_open_loop_keeps_offered_rate_when_server_is_slower_than_arrivals(
     assert gated["summary"]["latency_ms"]["p99_ms"] > 0.5 * window * 1000
     # ... and the backlog still in flight at the stop is reported, not hidden: >= (25 - 10) * window
     assert gated["summary"]["excluded_after_stop"] > 0.4 * rate * window
-    # ... and it bounds the tail over every started request from below (the gate checks it too).
+    # ... and the lower bound of the tail over every started request (the in-flight ones counted
+    # at their age; the gate checks it too) shows the backlog as well. Not ">= the P99 of the
+    # completed ones": with 39 completed that P99 is their slowest, and the bound over 100 can
+    # be the oldest in flight just under it (2431 vs 2445 ms, a fresh clone, 2026-12-03).
     assert gated["summary"]["in_flight_at_stop"] > 0
-    assert gated["summary"]["p99_lower_bound_ms"] >= gated["summary"]["latency_ms"]["p99_ms"]
+    assert gated["summary"]["p99_lower_bound_ms"] > 0.5 * window * 1000
 
 
 @pytest.mark.torch
