@@ -275,9 +275,11 @@ def test_tools_serve_retries_a_model_past_its_budget_and_reports_it_on_its_statu
          "--forge-metrics-port", str(forge), "--model-restarts", "0", "--retry-backoff", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True).start()
     errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True).start()
+    readers = [threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True),
+               threading.Thread(target=lambda: errors.extend(serve.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
     url = f"http://127.0.0.1:{forge}"
     try:
         wait_until(lambda: any(l.startswith("status ") for l in lines), 120,
@@ -292,8 +294,13 @@ def test_tools_serve_retries_a_model_past_its_budget_and_reports_it_on_its_statu
         wait_until(lambda: state()["ready"], 20,
                    lambda: f"every model ready again; status {state()}, stderr {errors}")
         back = state()
+        # the status port reports the model ready before the watcher prints the retry's line
+        wait_until(lambda: any("loaded again by a retry" in l for l in errors), 10,
+                   lambda: f"the retry's line on stderr; stderr {errors}")
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=60)
+        for reader in readers:  # every line the server wrote before it exited
+            reader.join(timeout=10)
     finally:
         if serve.poll() is None:
             serve.kill()
