@@ -132,6 +132,10 @@ def test_built_int8_minilm_records_its_calibration_and_quality_and_serves_the_in
     assert len(families) == 17 and families["form:degenerate"]["texts"] == 98
     assert {f["status"] for f in families.values()} == {"pass"} and quality["waivers"] == []
     assert min(f["held_out_min_cosine"] for f in families.values()) >= 0.99
+    # every length from the set's shortest text to its longest ran alone: 71 as texts, 183 swept
+    sweep = quality["length_sweep"]
+    assert (sweep["lengths"], sweep["swept"], sweep["below_bound"]) == ([3, 256], 183, [])
+    assert sweep["min_cosine"] >= 0.99 and 3 <= sweep["worst_length"] <= 256
     assert "optimization" not in manifest["minilm_encoder"], "the exact encoder serves model.onnx"
     version = built_repository / "minilm_encoder_int8" / "1"
     config = (built_repository / "minilm_encoder_int8" / "config.pbtxt").read_text()

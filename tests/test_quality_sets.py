@@ -336,6 +336,63 @@ def test_a_variant_wrong_only_when_a_text_runs_alone_is_refused(tmp_path):
         quality.check_embedding_quality(_model(), _gate(), quality_set, table, shape_faulty)
 
 
+def _lengths_case(tmp_path):
+    """Texts of 1, 2 and 6 words (one token each): lengths 3, 4 and 5 have no text."""
+    texts = ["w0", "w1 w2", "w3 w4 w5 w6 w7 w8", "w9", "w10 w11", "w12 w13 w14 w15 w16 w17"]
+    rows = [{"text": t, "form": "prose", "split": HELD_OUT if i % 3 == 0 else TUNE}
+            for i, t in enumerate(texts)]
+    tokenizer = _word_tokenizer(tmp_path, " ".join(texts).split())
+    quality_set = quality_sets.load_quality_set([(_set_file(tmp_path, rows), "unlabelled")],
+                                                tokenizer, 16)
+    rng = np.random.default_rng(2)
+    vectors = {i: rng.normal(size=16) for i in range(1, 19)}
+
+    def reference(feed):  # the sum of its tokens' vectors: every prefix has its own embedding
+        return {"embedding": np.stack([sum(vectors[int(t)] for t, m in zip(ids, mask) if m)
+                                       for ids, mask in zip(feed["input_ids"], feed["attention_mask"])])}
+    return quality_set, reference
+
+
+def test_a_variant_wrong_at_a_length_no_text_has_is_refused_naming_the_length(tmp_path):
+    # Every text passes alone and in batches; the kernel is wrong only at 4 tokens, a length
+    # the set has no text of (OpenVINO on AMX was wrong at exactly 32).
+    quality_set, reference = _lengths_case(tmp_path)
+    assert sorted({len(ids) for ids, _ in quality_set.encodings}) == [1, 2, 6]
+
+    def wrong_at_four(feed):
+        out = reference(feed)
+        if feed["input_ids"].shape == (1, 4):
+            out["embedding"] = out["embedding"][:, ::-1].copy()
+        return out
+
+    with pytest.raises(quality.QualityError) as info:
+        quality.check_embedding_quality(_model(), _gate(), quality_set, reference, wrong_at_four)
+    message = str(info.value)
+    assert "run alone, 1 of the 3 lengths no text has missed 0.99: 4 tokens at " in message
+    assert "(prefixes of " in message and "set.jsonl:" in message
+    sweep = info.value.report.lengths
+    assert (sweep.first, sweep.last, sweep.swept, sweep.worst_length) == (1, 6, 3, 4)
+    assert [n for n, _ in sweep.below] == [4] and sweep.min_cosine < 0.99
+    assert {f.status for f in info.value.report.families} == {quality.PASS}
+
+
+def test_the_lengths_no_text_has_are_run_as_prefixes_and_reported(tmp_path):
+    quality_set, reference = _lengths_case(tmp_path)
+    seen: list[tuple[int, int]] = []
+
+    def candidate(feed):
+        seen.append(feed["input_ids"].shape)
+        return reference(feed)
+
+    report = quality.check_embedding_quality(_model(), _gate(), quality_set, reference, candidate)
+    assert {(1, 3), (1, 4), (1, 5)} <= set(seen)
+    manifest = report.to_dict()["length_sweep"]
+    assert manifest["lengths"] == [1, 6] and manifest["swept"] == 3
+    assert manifest["min_cosine"] == pytest.approx(1.0) and manifest["below_bound"] == []
+    assert manifest["worst_length"] in (3, 4, 5)
+    assert manifest["prefixes_of"].rsplit(":", 1)[1] in ("3", "6")  # a text of the longest length
+
+
 def test_a_family_passes_when_each_of_its_texts_keeps_the_bound(tmp_path):
     quality_set, reference = _gate_case(tmp_path)
     candidate = {k: _tilt(v, 0.995) for k, v in reference.items()}

@@ -2,9 +2,12 @@
 against the fp32 model, judged family by family.
 
 Every text's cosine to its fp32 embedding; per family (``quality_sets``) the min, the P1 and the
-top-k neighbour agreement, for all its texts and for its held-out part. A variant is refused
-when any family's min misses its bound (the gate's ``min_cosine``, or a waiver's stated lower
-one), or when the mean agreement over the set misses ``min_neighbour_agreement``.
+top-k neighbour agreement, for all its texts and for its held-out part. Every text is also run
+alone, and every sequence length between the set's shortest and longest text that no text has
+is run alone too (``length_sweep``), so a kernel that is wrong at one shape cannot pass. A
+variant is refused when any family's min misses its bound (the gate's ``min_cosine``, or a
+waiver's stated lower one), when any swept length misses ``min_cosine``, or when the mean
+agreement over the set misses ``min_neighbour_agreement``.
 """
 
 from __future__ import annotations
@@ -103,6 +106,38 @@ class FamilyFigures:
 
 
 @dataclass(frozen=True)
+class LengthSweep:
+    """The lengths the set's texts do not have, each run alone as a prefix of one long text.
+
+    Attributes:
+        first, last: The shortest and longest length of the set's texts (the range covered).
+        swept: The lengths in that range no text has, run here (the others ran as texts alone).
+        min_cosine: The lowest cosine over ``swept`` (None when every length has a text).
+        worst_length: The length of ``min_cosine``.
+        below: ``(length, cosine)`` of each swept length under the bound.
+        source: ``<file>:<line>`` of the text whose prefixes were run.
+        bound: The gate's ``min_cosine`` (no waiver applies to a length).
+    """
+
+    first: int
+    last: int
+    swept: int
+    min_cosine: float | None
+    worst_length: int | None
+    below: tuple[tuple[int, float], ...]
+    source: str
+    bound: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest form."""
+        return {"lengths": [self.first, self.last], "swept": self.swept, "bound": self.bound,
+                "min_cosine": None if self.min_cosine is None else round(self.min_cosine, 6),
+                "worst_length": self.worst_length,
+                "below_bound": [[n, round(c, 6)] for n, c in self.below],
+                "prefixes_of": self.source}
+
+
+@dataclass(frozen=True)
 class QualityReport:
     """The gate's figures: over the whole set, and per family."""
 
@@ -121,6 +156,7 @@ class QualityReport:
     worst: tuple[tuple[float, str], ...]  # (cosine, text) of the worst texts
     source: str = ""  # the model's ``source``: variants of one model share it
     runs_as: str | None = None  # the precision the CPU ran (OpenVINO), when known
+    lengths: LengthSweep | None = None  # the lengths no text has, run alone
 
     @property
     def failed(self) -> list[FamilyFigures]:
@@ -142,6 +178,7 @@ class QualityReport:
                 "neighbour_agreement": round(self.neighbour_agreement, 6),
                 "worst": [{"cosine": round(c, 6), "text": t[:120]} for c, t in self.worst],
                 "families": [f.to_dict() for f in self.families],
+                "length_sweep": None if self.lengths is None else self.lengths.to_dict(),
                 "waivers": [{"family": f.family, "min_cosine": f.bound, "reason": f.reason}
                             for f in self.waived]}
 
@@ -186,6 +223,32 @@ def neighbour_agreements(reference: np.ndarray, candidate: np.ndarray, k: int) -
 def neighbour_agreement(reference: np.ndarray, candidate: np.ndarray, k: int) -> float:
     """Mean over rows of ``neighbour_agreements``."""
     return float(np.mean(neighbour_agreements(reference, candidate, k)))
+
+
+def length_sweep(quality: QualitySet, cosine: np.ndarray, reference: Runner, candidate: Runner,
+                 bound: float) -> LengthSweep:
+    """Run alone each length between the set's shortest and longest text that no text has.
+
+    The sequence of length ``n`` is the first ``n - 1`` tokens of one longest text and its last
+    token (the end token a tokenizer appends): natural tokens, the request shape a user's text
+    of ``n`` tokens would have. The longest text chosen is the one the candidate matched best,
+    so a low cosine points at the length, not at hard content.
+    """
+    lengths = [len(ids) for ids, _ in quality.encodings]
+    first, last = min(lengths), max(lengths)
+    longest = [i for i, n in enumerate(lengths) if n == last]
+    base = max(longest, key=lambda i: (cosine[i], -i))
+    ids, mask = quality.encodings[base]
+    missing = sorted(set(range(first, last + 1)) - set(lengths))
+    swept = [(list(ids[:n - 1]) + list(ids[-1:]), list(mask[:n])) for n in missing]
+    values = (cosines(embed(reference, swept, batch=1), embed(candidate, swept, batch=1))
+              if swept else np.zeros(0))
+    worst = int(np.argmin(values)) if len(values) else None
+    return LengthSweep(
+        first, last, len(missing), None if worst is None else float(values[worst]),
+        None if worst is None else missing[worst],
+        tuple((n, float(c)) for n, c in zip(missing, values) if c < bound),
+        quality.texts[base].source, bound)
 
 
 def load_gate_set(gate: QualitySetSpec, root: Path, where: str) -> tuple[QualitySet, Path]:
@@ -272,6 +335,7 @@ def check_embedding_quality(spec: ModelSpec, gate: QualitySetSpec, quality: Qual
     # longest text passed by. A text's cosine is the worse of the two.
     alone = embed(candidate, quality.encodings, batch=1)
     cosine = np.minimum(cosines(ref, cand), cosines(ref, alone))
+    lengths = length_sweep(quality, cosine, reference, candidate, gate.min_cosine)
     agreement = neighbour_agreements(ref, cand, gate.neighbours)
     held = np.array([t.split == HELD_OUT for t in quality.texts], bool)
     families = family_figures(quality, cosine, agreement, gate.min_cosine, gate.waivers)
@@ -280,10 +344,15 @@ def check_embedding_quality(spec: ModelSpec, gate: QualitySetSpec, quality: Qual
         spec.name, spec.cpu.gated_variant or "", len(texts), int(held.sum()), float(cosine.min()),
         percentile(sorted(cosine.tolist()), 1.0), float(cosine.mean()),
         float(cosine[held].min()) if held.any() else None, float(agreement.mean()),
-        gate.min_neighbour_agreement, gate.neighbours, families, worst)
+        gate.min_neighbour_agreement, gate.neighbours, families, worst, lengths=lengths)
     failed = [f"{f.family} min cosine {f.min_cosine:.5f} < {f.bound} on {f.below} of {f.texts} "
               f"texts (worst: {f.worst.describe(f.family, f.texts + f.waived_elsewhere)})"
               for f in report.failed]
+    if lengths.below:
+        shown = ", ".join(f"{n} tokens at {c:.5f}" for n, c in lengths.below[:5])
+        more = f" and {len(lengths.below) - 5} more" if len(lengths.below) > 5 else ""
+        failed.append(f"run alone, {len(lengths.below)} of the {lengths.swept} lengths no text "
+                      f"has missed {gate.min_cosine}: {shown}{more} (prefixes of {lengths.source})")
     if report.neighbour_agreement < gate.min_neighbour_agreement:
         failed.append(f"top-{gate.neighbours} neighbour agreement "
                       f"{report.neighbour_agreement:.4f} < {gate.min_neighbour_agreement}")
@@ -353,6 +422,14 @@ def quality_table(report: QualityReport):
         table.add_row(escape(f.family), count, _figure(f.min_cosine), _figure(f.p1_cosine),
                       _figure(f.held_out_min), _figure(f.held_out_p1),
                       _figure(f.neighbour_agreement), f"{f.bound}", status)
+    sweep = report.lengths
+    if sweep is not None and sweep.swept:
+        status = (f"[{colours[FAIL]}]{FAIL}[/]" + escape(f": {len(sweep.below)} lengths, worst "
+                                                        f"{sweep.worst_length} tokens")
+                  if sweep.below else f"[{colours[PASS]}]{PASS}[/]")
+        table.add_row(escape(f"lengths {sweep.first}-{sweep.last} no text has, alone"),
+                      f"{sweep.swept}", _figure(sweep.min_cosine), "", "", "", "",
+                      f"{sweep.bound}", status)
     table.add_row("all", f"{report.texts} ({report.held_out})", _figure(report.min_cosine),
                   _figure(report.p1_cosine), _figure(report.held_out_min), "",
                   _figure(report.neighbour_agreement),

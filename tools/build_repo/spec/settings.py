@@ -251,7 +251,8 @@ class QualitySetSpec:
     min_cosine: float = Field(
         0.99, gt=0, le=1,
         description="Every text's embedding must have at least this cosine to its fp32 embedding, "
-        "in every family (unless `waivers` lowers it for one).",
+        "in every family (unless `waivers` lowers it for one), in batches and alone; and so must "
+        "every sequence length between the set's shortest and longest text, run alone.",
     )
     neighbours: PositiveInt = Field(
         10, description="k of the nearest-neighbour check (over the quality set, self excluded)."
