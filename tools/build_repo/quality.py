@@ -4,7 +4,7 @@ against the fp32 model, judged family by family.
 Every text's cosine to its fp32 embedding; per family (``quality_sets``) the min, the P1 and the
 top-k neighbour agreement, for all its texts and for its held-out part. Every text is also run
 alone, and every sequence length between the set's shortest and longest text that no text has
-is run alone too (``length_sweep``), so a kernel that is wrong at one shape cannot pass. A
+is run alone too (``length_sweep``), so a kernel wrong at one length cannot pass. A
 variant is refused when any family's min misses its bound (the gate's ``min_cosine``, or a
 waiver's stated lower one), when any swept length misses ``min_cosine``, or when the mean
 agreement over the set misses ``min_neighbour_agreement``.
