@@ -579,6 +579,10 @@ def test_an_added_models_bf16_variant_is_gated_by_family_on_its_own_texts(tmp_pa
     assert families["form:own"]["worst"]["source"].startswith("own.txt:")
     assert {"form:degenerate", "length:short", "script:cjk"} <= set(families)
     assert [f.family for f in report.families] == list(families)
+    # the lengths no text has, from the model's own tokenizer up to its max_length
+    sweep = entry["optimization"]["quality"]["length_sweep"]
+    assert sweep["lengths"][1] == 64 and sweep["swept"] > 0, sweep  # 22 of 3-64 on 2026-12-04
+    assert sweep["below_bound"] == [] and sweep["min_cosine"] >= 0.99, sweep
     if entry["optimization"]["runs_as"] == "bf16":  # a CPU with bf16: a bound 1.0 is not met
         data["models"]["tiny_encoder"]["cpu"]["quality"]["min_cosine"] = 1.0
         spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
