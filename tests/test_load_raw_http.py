@@ -168,3 +168,10 @@ def test_a_cancelled_send_frees_its_connection_for_the_next(slots):
         return [b.decode() for b in bodies]
 
     assert asyncio.run(main()) == [OK_BODY.decode()] * slots
+
+
+def test_a_malformed_status_line_fails_that_request_at_once_and_the_next_reconnects():
+    outcomes, connections = _run(lambda n: b"HTTP/1.1\r\n\r\n" if n == 0 else _ok(), 2,
+                                 timeout_s=5.0)
+    assert "malformed status line" in outcomes[0]
+    assert outcomes[1] == "ok" and connections == 2

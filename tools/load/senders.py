@@ -186,9 +186,6 @@ class _Connection(asyncio.Protocol):
         if self.answer is not None and not self.answer.done():
             self._parse()
 
-    def eof_received(self) -> bool:
-        return False  # the transport closes; connection_lost fails what is in flight
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         if self.answer is not None and not self.answer.done():
@@ -233,7 +230,10 @@ def _response_head(head: bytes) -> tuple[int, int]:
         ValueError: a malformed status line, or a chunked response.
     """
     lines = head.split(b"\r\n")
-    status = int(lines[0].split()[1])
+    try:
+        status = int(lines[0].split()[1])
+    except IndexError:
+        raise ValueError(f"malformed status line {lines[0][:100]!r}") from None
     length = 0
     for line in lines[1:]:
         name, _, value = line.partition(b":")
