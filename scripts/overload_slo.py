@@ -28,7 +28,7 @@ from tools.build_repo.admission import objectives  # noqa: E402
 from tools.build_repo.spec import load_spec  # noqa: E402
 from tools.serve.grpc_guard import MAX_MESSAGE_BYTES  # noqa: E402
 from tools.serve.http_guard import GuardLimits  # noqa: E402
-from tools.serve.overload import GOODPUT_TARGET, P99_FACTOR, overload_run, scenario_bodies  # noqa: E402
+from tools.serve.overload import GENERATORS, GOODPUT_TARGET, P99_FACTOR, overload_run, scenario_bodies  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
 
 def _table(run_index: int, run) -> list[str]:
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only requests whose tensors are at most this long (token ids)")
     parser.add_argument("--no-guards", action="store_true",
                         help="tritonserver alone (as tests and tools bench start it)")
+    parser.add_argument("--generator", choices=GENERATORS, default="c",
+                        help="what sends the open loops: C (tools/load/open_loop.c, little CPU "
+                             "on the cores the server shares) or the Python load engine")
     parser.add_argument("--json", type=Path, help="also write every point here")
     args = parser.parse_args(argv)
     found = objectives(load_spec(args.spec).for_target(args.target), args.target)
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average "
           f"{os.getloadavg()[0]:.1f}; {args.model}: P99 objective {objective:g} ms "
           f"({args.target}), targets: accepted P99 <= {P99_FACTOR * objective:g} ms, "
-          f"goodput >= {GOODPUT_TARGET}; {'no guards' if args.no_guards else 'HTTP and gRPC guards'}",
+          f"goodput >= {GOODPUT_TARGET}; {'no guards' if args.no_guards else 'HTTP and gRPC guards'}; "
+          f"open loops sent by the {args.generator} load generator",
           flush=True)
     header = ["| run | point | offered req/s | accepted req/s | goodput | P50 ms | P99 ms | "
               "refused by | cores | load |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -101,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(1, args.runs + 1):
             run = overload_run(server.http_url, server.triton_http_url, args.model, bodies,
                                server.pid, server.models, factors, users=args.users,
-                               duration_s=args.duration, warmup_s=args.warmup)
+                               duration_s=args.duration, warmup_s=args.warmup,
+                               generator=args.generator)
             runs.append(run)
             print("\n".join(_table(index, run)), flush=True)
             failed += [f"run {index}, {miss}" for miss in run.misses(objective)]

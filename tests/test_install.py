@@ -94,6 +94,7 @@ def test_the_wheel_carries_the_backends_load_test_users_schemas_and_slo_file(whe
         assert name in packaged, name
     assert not [n for n in packaged if "__pycache__" in n or n.endswith(".pyc")]
     assert paths.PACKAGED == PACKAGED
+    assert "tools/load/open_loop.c" in names  # the overload runs' C open loop, compiled on use
 
 
 def _environment(venv: Path) -> dict[str, str]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.wire_helpers import read_request
 from tools.load import Request
 from tools.load.senders import CLIENT_TIMEOUT, RawHttp, SendError
 
@@ -29,13 +30,7 @@ async def _serve(script: Callable[[int], bytes | None], *, split: int = 0):
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         accepted.append(1)
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
+        while await read_request(reader):
             answer = script(count[0])
             count[0] += 1
             if answer is None:

@@ -392,6 +392,49 @@ def test_an_admission_decides_per_model_before_tritonserver_sees_the_request():
     assert finished == [200]
 
 
+def test_admission_decides_before_any_decoding_and_a_bad_shape_it_admitted_is_counted_out():
+    # An overloaded model's refusal costs no gzip or JSON decoding (the cheapest refusal on the
+    # cores the server shares); a request admitted and then refused for its shape releases its
+    # place in the model's count at once, with a failure (it was never sent).
+    import asyncio
+    import gzip
+
+    from tools.serve import http_guard
+    from tools.serve.http_guard import Admission, Overloaded
+
+    finished, decoded_bodies = [], []
+
+    class Gate(Admission):
+        def admit(self, model):
+            if model == "busy":
+                raise Overloaded("model 'busy' is over its latency target", retry_after_s=1.0)
+            return finished.append
+
+    def request(model: bytes, payload: bytes) -> bytes:
+        return (b"POST /v2/models/" + model + b"/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: "
+                b"gzip\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+    real_decoded = http_guard.decoded
+
+    def counting_decoded(body, coding, limit):
+        decoded_bodies.append(body)
+        return real_decoded(body, coding, limit)
+
+    huge_shape = gzip.compress(_double([1, 2 ** 40], [1]))
+    original = http_guard.decoded
+    http_guard.decoded = counting_decoded
+    try:
+        busy, seen_busy = asyncio.run(_through_fake_upstream(request(b"busy", huge_shape), Gate()))
+        bad, seen_bad = asyncio.run(_through_fake_upstream(request(b"toy_double", huge_shape),
+                                                          Gate()))
+    finally:
+        http_guard.decoded = original
+    assert busy.startswith(b"HTTP/1.1 503 ") and seen_busy == []
+    assert bad.startswith(b"HTTP/1.1 400 ") and b"1099511627776 elements" in bad and seen_bad == []
+    assert decoded_bodies == [huge_shape], "only the admitted request was decoded"
+    assert finished == [0], "the admitted bad request was counted out as a failure"
+
+
 def test_an_admission_refusal_is_held_before_it_is_sent_and_a_malformed_request_is_not():
     # A client that retries a refusal at once would otherwise spin (docs/guards.md): the 503 of
     # an overloaded model comes REFUSAL_HOLD_S after its request; a 400 at once. A client that

@@ -152,7 +152,8 @@ def http_request_bytes(host: str, path: str, body: bytes,
     return head.encode() + body
 
 
-def _error_of(body: bytes) -> str:
+def error_of(body: bytes) -> str:
+    """The `error` of a JSON error body (KServe v2), else its first 200 bytes."""
     try:
         return str(json.loads(body).get("error", ""))[:200]
     except (ValueError, AttributeError):
@@ -344,7 +345,7 @@ class RawHttp(Sender):
                 timer.cancel()
             self._free(slot)
         if status != 200:
-            raise SendError(f"HTTP {status} {_error_of(body)}")
+            raise SendError(f"HTTP {status} {error_of(body)}")
         return body
 
     @staticmethod

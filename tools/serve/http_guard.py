@@ -26,11 +26,13 @@ reads it). What goes upstream is what the guard parsed, serialised anew (request
 each header as ``Name: value``; ``Expect`` answered here and ``Upgrade`` dropped), never the
 client's own head bytes, so tritonserver cannot read a request the guard did not see.
 
-Once the body is read, an inference request with an input whose ``shape`` is negative or holds
-more elements than the body has bytes is refused (HTTP 400): every element takes at least one
-byte in JSON and in binary tensor data alike, so only a shape that cannot match its data is
-refused (inputs in shared memory are left to Triton). An ``Admission`` may refuse an inference
-request per model (HTTP 503 with ``Retry-After``); the default admits all.
+Once the body is read, an ``Admission`` may refuse an inference request per model (HTTP 503
+with ``Retry-After``; the default admits all). It decides first, so a refused request costs no
+JSON or gzip decoding (an overloaded server spends least on what it turns away). An admitted
+request with an input whose ``shape`` is negative or holds more elements than the body has bytes
+is then refused (HTTP 400, its admission released): every element takes at least one byte in
+JSON and in binary tensor data alike, so only a shape that cannot match its data is refused
+(inputs in shared memory are left to Triton).
 
 Run by ``EmbeddedServer(http_guard=...)`` (``python -m tools.serve.http_guard --listen-port P
 --upstream-port U --watch-pid PID``) and by the CPU image's ``tritonserver`` wrapper
@@ -555,22 +557,26 @@ class _Client(asyncio.Protocol):
     def _check_body(self, request: Request, body: bytes) -> None:
         if not request.is_infer:
             return
-        if request.coding is not None:  # tritonserver decodes it whole: bound and check that
-            body = decoded(body, request.coding, self.guard.limits.max_body_bytes)
-        if body:
-            split = request.header_length
-            problem = shape_problem(body if split is None else body[:split], len(body))
-            if problem:
-                raise Refusal(400, "Bad Request", problem, close=request.close)
         model = request.model
-        if model is None:
-            return
+        if model is not None:  # admission first: a refusal costs no decoding
+            try:
+                self.done = self.guard.admission.admit(model)
+            except Overloaded as exc:
+                raise Refusal(503, "Service Unavailable", str(exc), close=request.close,
+                              headers=(("Retry-After",
+                                        str(max(1, math.ceil(exc.retry_after_s)))),),
+                              hold_s=refusal_hold_s(self.guard.held)) from None
         try:
-            self.done = self.guard.admission.admit(model)
-        except Overloaded as exc:
-            raise Refusal(503, "Service Unavailable", str(exc), close=request.close,
-                          headers=(("Retry-After", str(max(1, math.ceil(exc.retry_after_s)))),),
-                          hold_s=refusal_hold_s(self.guard.held)) from None
+            if request.coding is not None:  # tritonserver decodes it whole: bound, check that
+                body = decoded(body, request.coding, self.guard.limits.max_body_bytes)
+            if body:
+                split = request.header_length
+                problem = shape_problem(body if split is None else body[:split], len(body))
+                if problem:
+                    raise Refusal(400, "Bad Request", problem, close=request.close)
+        except Refusal:
+            self._finish(0)  # admitted, never sent: out of the model's count again
+            raise
 
     def _release(self) -> None:
         self.guard.buffered -= self.reserved

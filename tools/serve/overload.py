@@ -1,10 +1,12 @@
 """Overload against a P99 objective: capacity in a closed loop, then open loops at multiples of it.
 
 One way to measure for ``scripts/overload_slo.py`` and the reliability tier's overload tests:
-each point is a ``tools.serve.faults.HttpLoad`` run (raw keep-alive HTTP, cheap on the shared
-cores) summarised by ``tools.stats`` (nearest-rank percentiles over the measured window), with
-every refusal attributed to where it happened (the message names it) and the CPU time of each
-process role over the point.
+capacity is a ``tools.serve.faults.HttpLoad`` closed loop (raw keep-alive HTTP); each open loop
+runs in C (``tools.load.native``, ``generator="c"``, the default) or on the same Python engine
+(``generator="python"``). Every point is summarised by ``tools.stats`` (nearest-rank
+percentiles over the measured window), with every refusal attributed to where it happened (the
+message names it) and the CPU time of each process role over the point (the C loop's own from
+``wait4``, under "load generator").
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 import psutil
 
 from tools import process
+from tools.errors import UserInputError
+from tools.load import native
 from tools.load.scenario import load_scenario
 from tools.serve import faults
 from tools.stats import Window, summarize
@@ -34,6 +38,8 @@ REFUSED_BY = (
 )
 GOODPUT_TARGET = 0.85  # accepted throughput / capacity, at every multiple
 P99_FACTOR = 1.5  # accepted P99 <= this x the P99 objective
+# The open loops' load generators: C costs the shared cores little (tools/load/native.py).
+GENERATORS = ("c", "python")
 
 
 def refused_by(error: str) -> str:
@@ -123,28 +129,42 @@ def roles(server_pid: int, models: Sequence[str]) -> dict[str, list[int]]:
 def run_point(url: str, model: str, bodies: Sequence[bytes], server_pid: int,
               models: Sequence[str], label: str, *, duration_s: float, warmup_s: float,
               users: int = 0, rate: float = 0.0, connections: int = 256,
-              timeout_s: float = 10.0) -> OverloadPoint:
-    """Load ``model`` at ``url`` in a closed loop (``users``) or an open loop (``rate``)."""
+              timeout_s: float = 10.0, generator: str = "c") -> OverloadPoint:
+    """Load ``model`` at ``url`` in a closed loop (``users``) or an open loop (``rate``, sent
+    by ``generator``: one of ``GENERATORS``)."""
+    if generator not in GENERATORS:
+        raise UserInputError(f"unknown load generator {generator!r}: one of {', '.join(GENERATORS)}")
     processes = roles(server_pid, models)
     before = {role: faults.sample(pids) for role, pids in processes.items()}
     load = faults.HttpLoad(url, model, list(bodies), timeout_s=timeout_s)
-    start = time.monotonic()
+    child_cpu_s = 0.0
+    start = began = time.monotonic()
     if users:
-        load.run(users=users, duration_s=duration_s)
+        records = load.run(users=users, duration_s=duration_s)
+    elif generator == "c":
+        host, _, _ = url.rpartition(":")
+        sent = native.open_loop(url, [faults.infer_request(host, model, b) for b in bodies],
+                                rate=rate, duration_s=duration_s, connections=connections,
+                                timeout_s=timeout_s)
+        records, child_cpu_s = sent.records, sent.cpu_s
+        start = min((r.start_s for r in records), default=start)  # the C loop's t0
     else:
-        load.run(rate=rate, duration_s=duration_s, connections=connections)
-    seconds = time.monotonic() - start
+        records = load.run(rate=rate, duration_s=duration_s, connections=connections)
+    seconds = time.monotonic() - began
     after = {role: faults.sample(pids) for role, pids in processes.items()}
     counted = Window(start + warmup_s, start + duration_s)
-    summary = summarize(load.records, counted)
-    refused = Counter(refused_by(r.error) for r in load.records if not r.ok and counted.counts(r))
+    summary = summarize(records, counted)
+    refused = Counter(refused_by(r.error) for r in records if not r.ok and counted.counts(r))
     latency = summary.latency
+    cores = faults.cpu_share(before, after, seconds)
+    if child_cpu_s:
+        cores["load generator"] = cores.get("load generator", 0.0) + child_cpu_s / seconds
     return OverloadPoint(
         label=label, offered_rps=rate or None,
         accepted_rps=summary.ok / max(summary.window.length_s, 1e-9),
         p50_ms=latency.p50_ms if latency else None, p99_ms=latency.p99_ms if latency else None,
         counted=summary.count, refused=dict(refused),
-        cores=faults.cpu_share(before, after, seconds), load_average=os.getloadavg()[0])
+        cores=cores, load_average=os.getloadavg()[0])
 
 
 @dataclass(frozen=True)
@@ -175,9 +195,9 @@ class OverloadRun:
 def overload_run(public_url: str, capacity_url: str, model: str, bodies: Sequence[bytes],
                  server_pid: int, models: Sequence[str], factors: Sequence[float], *,
                  users: int = 32, duration_s: float = 12.0, warmup_s: float = 3.0,
-                 pause_s: float = 2.0) -> OverloadRun:
+                 pause_s: float = 2.0, generator: str = "c") -> OverloadRun:
     """Capacity with ``users`` closed-loop users at ``capacity_url``, then an open loop at each
-    of ``factors`` times it at ``public_url``.
+    of ``factors`` times it at ``public_url``, sent by ``generator`` (``GENERATORS``).
 
     Capacity is measured on tritonserver's own port when a guard holds the public one: the
     guard's admission would refuse a closed loop past its cap, and each refused user would send
@@ -190,5 +210,5 @@ def overload_run(public_url: str, capacity_url: str, model: str, bodies: Sequenc
         time.sleep(pause_s)  # what the last point left queued drains
         points.append(run_point(public_url, model, bodies, server_pid, models, f"{factor:g}x",
                                 rate=factor * capacity.accepted_rps, duration_s=duration_s,
-                                warmup_s=warmup_s))
+                                warmup_s=warmup_s, generator=generator))
     return OverloadRun(capacity, tuple(points))
