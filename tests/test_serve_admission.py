@@ -98,6 +98,33 @@ def test_the_cap_keeps_the_best_recent_rate_and_a_slow_model_lowers_it_by_its_ta
     assert limit.peak == pytest.approx(20, rel=0.2), "a rate that lasts is what remains"
 
 
+def test_work_in_flight_is_weighed_by_each_requests_cost_so_long_ones_fill_the_cap_sooner():
+    # The guards weigh a request by its size in bytes: the cap holds the same work in flight
+    # (and so about the same queueing time) whether the requests are long or short.
+    clock = FakeClock()
+    limit = LatencyLimit(0.6, clock)
+    for _ in range(round(3 * 100)):  # 100 requests/s of cost 10, each answered in 0.5 s
+        clock.now += 0.01
+        assert limit.acquire(10.0)
+        limit.release(clock.now - 0.5, True, 10.0)
+    assert limit.rate == pytest.approx(1000, rel=0.05), "cost per second, not requests"
+    assert limit.mean_cost == pytest.approx(10.0) and limit.congested
+    cap = limit.cap()
+    assert cap == pytest.approx(limit.target_s * 1000, rel=0.05)
+    long_ones = 0
+    while limit.acquire(70.0):  # seven times the usual work each
+        long_ones += 1
+    assert limit.load <= cap and long_ones == int(cap // 70)
+    assert limit.acquire(1.0), "a short request still fits in what is left"
+    for _ in range(long_ones):
+        limit.release(clock.now, False, 70.0)
+    limit.release(clock.now, False, 1.0)
+    assert limit.in_flight == 0 and limit.load == 0.0
+    # fewer than MIN_IN_FLIGHT in flight are admitted however large
+    assert all(limit.acquire(1e9) for _ in range(admission.MIN_IN_FLIGHT))
+    assert not limit.acquire(1e9)
+
+
 def test_errors_free_their_place_but_do_not_count_as_throughput():
     clock = FakeClock()
     limit = LatencyLimit(0.6, clock)

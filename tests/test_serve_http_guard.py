@@ -373,7 +373,7 @@ def test_an_admission_decides_per_model_before_tritonserver_sees_the_request():
     finished = []
 
     class BusyModel(Admission):
-        def admit(self, model):
+        def admit(self, model, size=1):
             if model == "busy":
                 raise Overloaded("model 'busy' is over its latency target", retry_after_s=2.5)
             return finished.append
@@ -405,7 +405,7 @@ def test_admission_decides_before_any_decoding_and_a_bad_shape_it_admitted_is_co
     finished, decoded_bodies = [], []
 
     class Gate(Admission):
-        def admit(self, model):
+        def admit(self, model, size=1):
             if model == "busy":
                 raise Overloaded("model 'busy' is over its latency target", retry_after_s=1.0)
             return finished.append
@@ -446,7 +446,7 @@ def test_an_admission_refusal_is_held_before_it_is_sent_and_a_malformed_request_
                                         Overloaded)
 
     class Busy(Admission):
-        def admit(self, model):
+        def admit(self, model, size=1):
             raise Overloaded("model 'busy' is over its latency target", retry_after_s=1.0)
 
     body = _double([1, 4], [1, 2, 3, 4])

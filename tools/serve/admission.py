@@ -1,10 +1,12 @@
-"""SLO-aware admission in the guards: per model, requests in flight ≤ latency target × throughput.
+"""SLO-aware admission in the guards: per model, work in flight ≤ latency target × throughput.
 
-Little's law: the requests a model holds (queued, batched, executing, on their way back) are its
-throughput times their latency. The guard in front of tritonserver counts exactly the requests it
-has sent to a model and not yet answered, and measures how many it gets back per second, so it
-keeps each model's latency at its target by capping that count at ``target × throughput``: a
-request over the cap is refused at once (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with
+Little's law: the work a model holds (queued, batched, executing, on their way back) is its
+throughput times its latency. The guard in front of tritonserver counts exactly the requests it
+has sent to a model and not yet answered, each weighed by its size in bytes (a text of 256
+tokens is about ten times the work of one of 20, and its body about ten times the bytes), and
+measures how many bytes' worth it gets back per second, so it keeps each model's latency at its
+target by capping the bytes in flight at ``target × throughput``: a request over the cap is
+refused at once (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with
 retry pushback), before tritonserver parses it. The target comes from the model's P99 objective
 in the SLO file, rendered into its config as the parameter ``admission_p99_ms`` (the guard reads
 it from tritonserver's model-config API): an ensemble and each model called directly have their
@@ -45,26 +47,33 @@ MIN_IN_FLIGHT = 4  # the cap never goes below this (a model that answers slowly 
 # measured P99 does not lower the target (what is slow then is the work, not the queue).
 UNCONGESTED_SHARE = 0.5
 INITIAL_IN_FLIGHT = 32  # the cap until the throughput is measured (as a closed loop of 32 users)
+COST_SHARE = 0.02  # weight of each offered request in the mean cost (about the last 50)
 CONFIG_TTL_S = 10.0  # a model's target is read again after this long (it may have been reloaded)
 
 
 class LatencyLimit:
-    """The cap on one model's requests in flight: mean latency target × throughput.
+    """The cap on one model's work in flight: mean latency target × throughput.
 
-    By Little's law the requests in flight are throughput × latency, so capping them at
-    ``target_s × rate`` keeps the mean latency at ``target_s``. ``rate`` is the average of the
-    completions per tick (time constant ``RATE_TAU_S``); the best rate of the last
-    ``PEAK_TAU_S`` (a maximum decaying with that time constant) counts instead, so that a load
-    that grows is not held to what it got so far, and a slow phase does not spiral: with the
-    current rate alone, fewer requests in flight meant fewer answers a second and a lower cap
-    again (a closed loop of 32 users at 1.07x the cap got 0.4 of capacity). A model that has
-    slowed, or that other clients share, is capped lower through ``target_s``. ``target_s``
-    starts at ``TARGET_SHARE`` of the P99 objective and follows the measured P99 of the
-    successes: every ``ADAPT_S`` (given ``ADAPT_SAMPLES``) it is multiplied by
-    ``sqrt(objective / measured P99)``, within ``[MIN_SHARE, 1] × objective``. Until
-    completions have been counted for ``RATE_TAU_S`` the cap is ``INITIAL_IN_FLIGHT``. While
-    the mean latency is under ``UNCONGESTED_SHARE`` of the target (nothing is queueing), the cap
-    is at least ``INITIAL_IN_FLIGHT`` and the target is only raised.
+    By Little's law the work in flight is throughput × latency, so capping it at
+    ``target_s × rate`` keeps the mean latency at ``target_s``. Work is counted in cost units:
+    each request weighs its ``cost`` (the guards pass its size in bytes; 1 counts requests), so a
+    burst of long texts fills the cap sooner than one of short texts and the queue ahead of a
+    request holds about the same time of work whatever the mix (counted in requests, 54 texts
+    in flight of 3-256 tokens held ±15 % of work from one moment to the next). ``rate`` is the
+    average of the cost completed per tick (time constant ``RATE_TAU_S``); the best rate of the
+    last ``PEAK_TAU_S`` (a maximum decaying with that time constant) counts instead, so that a
+    load that grows is not held to what it got so far, and a slow phase does not spiral: with
+    the current rate alone, less in flight meant fewer answers a second and a lower cap again
+    (a closed loop of 32 users at 1.07x the cap got 0.4 of capacity). A model that has slowed,
+    or that other clients share, is capped lower through ``target_s``. ``target_s`` starts at
+    ``TARGET_SHARE`` of the P99 objective and follows the measured P99 of the successes: every
+    ``ADAPT_S`` (given ``ADAPT_SAMPLES``) it is multiplied by ``sqrt(objective / measured P99)``,
+    within ``[MIN_SHARE, 1] × objective``. The floors are in requests of the mean cost
+    (``mean_cost``, averaged over the requests offered): until completions have been counted
+    for ``RATE_TAU_S`` the cap is ``INITIAL_IN_FLIGHT`` of them, never below ``MIN_IN_FLIGHT``
+    (fewer requests than that in flight are always admitted, however large), and while the mean
+    latency is under ``UNCONGESTED_SHARE`` of the target (nothing is queueing) at least
+    ``INITIAL_IN_FLIGHT``, the target then only raised.
 
     Args:
         p99_s: The P99 objective.
@@ -75,13 +84,16 @@ class LatencyLimit:
         self.p99_s = p99_s
         self.target_s = p99_s * TARGET_SHARE
         self.clock = clock
-        self.in_flight = 0
-        self.rate: float | None = None  # completions/s, averaged; None until measured
+        self.in_flight = 0  # requests
+        self.load = 0.0  # their cost
+        self.mean_cost: float | None = None  # of the requests offered, averaged
+        self.rate: float | None = None  # cost completed per second, averaged; None until measured
         self.peak = 0.0  # the best recent ``rate`` while on target
         self.latency_s = 0.0  # mean latency of the successes, averaged
         self._first: float | None = None  # the first success
         self._tick_end = 0.0
-        self._done = 0  # successes in the tick (before the rate is measured: since the first)
+        self._done = 0.0  # cost of the successes in the tick (before the rate: since the first)
+        self._count = 0  # how many successes that is
         self._latency_sum = 0.0  # their latencies
         self._recent: list[float] = []  # success latencies since the last correction
         self._adapt_at = 0.0
@@ -92,8 +104,8 @@ class LatencyLimit:
             if self._first is None or now - self._first < RATE_TAU_S:
                 return
             self.rate = self.peak = self._done / (now - self._first)
-            self.latency_s = self._latency_sum / self._done
-            self._done, self._latency_sum = 0, 0.0
+            self.latency_s = self._latency_sum / self._count
+            self._done, self._count, self._latency_sum = 0.0, 0, 0.0
             self._tick_end, self._adapt_at = now + TICK_S, now + ADAPT_S
             return
         if now < self._tick_end:
@@ -102,10 +114,10 @@ class LatencyLimit:
         keep = math.exp(-TICK_S / RATE_TAU_S)
         self.rate = keep * self.rate + (1 - keep) * self._done / TICK_S
         self.rate *= keep ** (ticks - 1)  # the ticks after it, without completions
-        if self._done:
-            self.latency_s = keep * self.latency_s + (1 - keep) * self._latency_sum / self._done
+        if self._count:
+            self.latency_s = keep * self.latency_s + (1 - keep) * self._latency_sum / self._count
         self.peak = max(self.rate, self.peak * math.exp(-ticks * TICK_S / PEAK_TAU_S))
-        self._done, self._latency_sum = 0, 0.0
+        self._done, self._count, self._latency_sum = 0.0, 0, 0.0
         self._tick_end += ticks * TICK_S
         if now >= self._adapt_at and len(self._recent) >= ADAPT_SAMPLES:
             self._adapt()
@@ -133,31 +145,38 @@ class LatencyLimit:
         return self.latency_s >= UNCONGESTED_SHARE * self.target_s
 
     def cap(self) -> float:
-        """The most requests in flight now."""
+        """The most work in flight now, in cost units."""
         self._roll(self.clock())
+        unit = self.mean_cost or 1.0
         if self.rate is None:
-            return INITIAL_IN_FLIGHT
-        cap = max(MIN_IN_FLIGHT, self.target_s * max(self.rate, self.peak))
-        return cap if self.congested else max(cap, INITIAL_IN_FLIGHT)
+            return INITIAL_IN_FLIGHT * unit
+        cap = max(MIN_IN_FLIGHT * unit, self.target_s * max(self.rate, self.peak))
+        return cap if self.congested else max(cap, INITIAL_IN_FLIGHT * unit)
 
-    def acquire(self) -> bool:
-        """Count one request in flight if the cap allows; False: refuse it."""
-        if self.in_flight + 1 > self.cap():
+    def acquire(self, cost: float = 1.0) -> bool:
+        """Count one request of ``cost`` in flight if the cap allows; False: refuse it."""
+        self.mean_cost = cost if self.mean_cost is None else \
+            (1 - COST_SHARE) * self.mean_cost + COST_SHARE * cost
+        if self.in_flight >= MIN_IN_FLIGHT and self.load + cost > self.cap():
             return False
         self.in_flight += 1
+        self.load += cost
         return True
 
-    def release(self, started: float, ok: bool) -> None:
-        """One request admitted at ``started`` has been answered (``ok``: successfully)."""
+    def release(self, started: float, ok: bool, cost: float = 1.0) -> None:
+        """One request of ``cost`` admitted at ``started`` has been answered (``ok``:
+        successfully)."""
         now = self.clock()
         self._roll(now)
         self.in_flight -= 1
+        self.load = max(0.0, self.load - cost) if self.in_flight else 0.0
         if not ok:  # an error says nothing of how fast the model answers
             return
         if self._first is None:
             self._first = now
         latency = now - started
-        self._done += 1
+        self._done += cost
+        self._count += 1
         self._latency_sum += latency
         self._recent.append(latency)
         if len(self._recent) > 100 * ADAPT_SAMPLES:  # bounded between corrections
@@ -226,17 +245,19 @@ class SloAdmission:
         self._targets: dict[str, Target] = {}
         self._asking: set[str] = set()
 
-    def admit(self, model: str) -> Callable[[int], None] | None:
-        """Count a request to ``model`` in, or raise ``Overloaded``; the callable counts it out."""
+    def admit(self, model: str, size: int = 1) -> Callable[[int], None] | None:
+        """Count a request of ``size`` bytes to ``model`` in, or raise ``Overloaded``; the
+        callable counts it out."""
         limit = self._limit(model)
         if limit is None:
             return None
-        if not limit.acquire():
+        cost = float(max(size, 1))
+        if not limit.acquire(cost):
             raise self.overloaded(f"model '{model}' is over its latency target ({limit.in_flight} "
                              f"requests in flight, P99 objective {limit.p99_s * 1000:g}"
                              f" ms); retry later", retry_after_s=limit.retry_after_s)
         started = self.clock()
-        return lambda status: limit.release(started, status == 200)
+        return lambda status: limit.release(started, status == 200, cost)
 
     def _limit(self, model: str) -> LatencyLimit | None:
         target = self._targets.get(model)

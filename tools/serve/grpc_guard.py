@@ -349,7 +349,7 @@ class _Pair:
         if model is False:
             return True
         try:
-            done = self.guard.admission.admit(model)
+            done = self.guard.admission.admit(model, message.length)
         except Overloaded as exc:
             self._refuse(stream, str(exc), length, hold_s=refusal_hold_s(self.guard.held),
                          status=UNAVAILABLE, metadata=_pushback(exc.retry_after_s))

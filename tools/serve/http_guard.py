@@ -147,8 +147,9 @@ class Admission:
     (or with 0 when the request failed without one), e.g. to learn the model's latency.
     """
 
-    def admit(self, model: str) -> Callable[[int], None] | None:
-        """Admit a request to ``model`` (the ``/v2/models/<model>/.../infer`` path segment)."""
+    def admit(self, model: str, size: int = 1) -> Callable[[int], None] | None:
+        """Admit a request of ``size`` bytes (its body; gRPC: its message) to ``model`` (the
+        ``/v2/models/<model>/.../infer`` path segment)."""
         return None
 
 
@@ -560,7 +561,7 @@ class _Client(asyncio.Protocol):
         model = request.model
         if model is not None:  # admission first: a refusal costs no decoding
             try:
-                self.done = self.guard.admission.admit(model)
+                self.done = self.guard.admission.admit(model, len(body))
             except Overloaded as exc:
                 raise Refusal(503, "Service Unavailable", str(exc), close=request.close,
                               headers=(("Retry-After",
