@@ -162,6 +162,9 @@ def test_ctrl_c_to_tools_loadtest_leaves_no_locust_process_behind(tmp_path):
          "--scenario", "image_classification", "--protocol", "http", "--rate", "2",
          "--duration", "300", "--warmup", "0", "--output", str(report_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=LOCUSTFILE.parents[1],
+        # as in a terminal: a suite started in the background (`cmd &` without job control)
+        # inherits SIGINT ignored, and an ignored SIGINT would never reach tools
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     log = report_dir / "image_classification-http" / "locust.log"
 
