@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.errors import LoadTestError
-from tools.load.senders import CLIENT_TIMEOUT, error_of
+from tools.load.senders import error_of
 from tools.stats import Record
 
 SOURCE = Path(__file__).with_name("open_loop.c")
@@ -86,9 +86,8 @@ def _record(t0: float, line: str) -> Record:
     start, latency_ms, code = t0 + float(offset), float(latency), int(status)
     if code == 200:
         return Record(start, latency_ms, True)
-    if code == 0:
-        why = detail.replace("_", " ")
-        return Record(start, latency_ms, False, CLIENT_TIMEOUT if why == CLIENT_TIMEOUT else why)
+    if code == 0:  # the C loop's reason, '_' for spaces ("client_timeout": CLIENT_TIMEOUT)
+        return Record(start, latency_ms, False, detail.replace("_", " "))
     body = b"" if detail == "-" else bytes.fromhex(detail)
     return Record(start, latency_ms, False, f"HTTP {code} {error_of(body)}")
 
