@@ -167,19 +167,13 @@ def _bodies(scenario: str, count: int, max_length: int | None = None) -> list[by
 
 
 def _judge(run, objective: float, context: object) -> None:
-    """Issue 25's targets at 4x: accepted P99 <= 1.5 x the objective and goodput >= 0.85, still
-    open: on 2 cores each was met in some runs and missed in others (text pipeline, quiet machine,
-    2026-12-02: one run P99 966 ms > 900 ms with goodput met, the next goodput 0.74 with P99
-    717 ms); since admission by bytes in flight, 10 of 10 runs met them on one AMX Xeon
-    (2026-12-04, docs/guards.md), not yet measured elsewhere. What must hold in every run: refusing the excess keeps at least half the capacity,
-    accepted P99 stays within 2 x the objective. A miss of the targets is reported as an expected
-    failure with its figures, not hidden; a pass is a pass."""
-    over = run.points[0]
-    assert run.goodput(over) >= 0.5, (f"goodput {run.goodput(over):.2f}", context)
-    assert over.p99_ms is not None and over.p99_ms <= 2 * objective, (over.p99_ms, context)
+    """Issue 25's targets at 4x, asserted in this run: accepted P99 <= 1.5 x the objective and
+    goodput >= 0.85 of the capacity. Measured with admission by bytes in flight (docs/guards.md):
+    every one of 10 runs of overload_slo.py met them on an AMX Xeon (2026-12-04), and both tests
+    3 of 3 there on 2026-12-05 (text P99 644-713 ms, goodput 0.99-1.01; encoder P99 627-646 ms,
+    goodput 0.98-1.06); the Zen 3 and Zen 4 figures in the docs predate that admission."""
     misses = run.misses(objective)
-    if misses:
-        pytest.xfail(f"issue 25 item 1 (open): {'; '.join(misses)}; {context}")
+    assert not misses, f"issue 25 item 1: {'; '.join(misses)}; {context}"
 
 
 def test_text_overload_is_refused_by_the_guard_and_keeps_the_accepted_p99_within_the_slo(
