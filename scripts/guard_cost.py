@@ -3,12 +3,18 @@
 One embedded tritonserver (no guard of its own); the HTTP guard and the gRPC guard run beside it
 as `tools serve` runs them, in front of tritonserver's own ports. Each round measures every
 pipeline and protocol through the guard, then around it (tritonserver's port), so drift on a
-shared machine hits both arms alike (A/B/A/B); ``--compare-http-guard FILE`` adds a third arm,
-another HTTP guard file (e.g. an older version from git) in front of the same server. Besides
-throughput it reports each guard's CPU time per request (psutil), a figure the neighbours'
-load disturbs less.
+shared machine hits both arms alike (A/B/A/B); each ``--compare-http-guard FILE`` adds an arm,
+another HTTP guard in front of the same server: a Python file (e.g. an older version from git)
+or a C file (compiled here with ``cc``), with the guard's command line. The relays in
+``scripts/relay_floor/`` are such files: the floor of any process in front of tritonserver
+(C) and of one in Python, against which the guard's own work is read. Besides throughput it
+reports each guard's CPU time per request (psutil), a figure the neighbours' load disturbs less.
 
     python scripts/guard_cost.py --repository /tmp/repo --rounds 2 --output reports/guard-cost
+    python scripts/guard_cost.py --repository model_repository --protocols http --rounds 3 \
+        --concurrency 8 --pipelines text_embedding_int8,text_embedding_bf16 \
+        --compare-http-guard scripts/relay_floor/relay_floor.py \
+        --compare-http-guard scripts/relay_floor/relay_floor.c
 
 Prints one table (throughput per arm and round, the through/around ratio, guard CPU per
 request) and writes ``guard_cost.json`` in ``--output``.
@@ -19,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,18 +77,20 @@ def main() -> int:
                         "in-process step, which this script does not use, shorter).")
     parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                         help="The HTTP guard's event loop.")
-    parser.add_argument("--compare-http-guard", type=Path,
-                        help="Another http_guard.py, measured as a third arm.")
+    parser.add_argument("--compare-http-guard", type=Path, action="append", default=[],
+                        help="Another HTTP guard (a .py file, or a .c file compiled here) with "
+                        "the guard's command line, measured as one more arm; repeatable.")
     parser.add_argument("--output", type=Path, default=ROOT / "reports" / "guard-cost")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
 
+    built = Path(tempfile.mkdtemp(prefix="guard-cost-"))
     server = EmbeddedServer(args.repository, exit_timeout_s=5,
                             log_path=args.output / "tritonserver.log")
     server.start(timeout_s=300)
     pool = guards.Guards()
     try:
-        http_port, grpc_port, other_port = net.free_ports(3)
+        http_port, grpc_port, *other_ports = net.free_ports(2 + len(args.compare_http_guard))
         triton_http = int(server.http_url.rpartition(":")[2])
         triton_grpc = int(server.grpc_url.rpartition(":")[2])
         limits = GuardLimits(16 * 2**20, 64 * 2**20)
@@ -89,29 +99,29 @@ def main() -> int:
         grpc_guard = guards.grpc_guard(16 * 2**20, grpc_port, triton_grpc, server.pid, triton_http)
         arms = {"through": (http_guard, grpc_guard), "around": (None, None)}
         wanted = [http_guard, grpc_guard]
-        if args.compare_http_guard:
-            other = guards.GuardProcess("the compared HTTP guard", [
-                sys.executable, str(args.compare_http_guard), "--listen-port", str(other_port),
-                "--upstream-port", str(triton_http), "--watch-pid", str(server.pid)], other_port)
-            arms["compared"] = (other, grpc_guard)
+        compared = {}  # arm name -> its guard
+        for path, port in zip(args.compare_http_guard, other_ports):
+            other = guards.GuardProcess(f"the compared HTTP guard {path.name}", _command(
+                path, built) + ["--listen-port", str(port), "--upstream-port", str(triton_http),
+                                "--watch-pid", str(server.pid)], port)
+            compared[path.name] = other
+            arms[path.name] = (other, grpc_guard)
             wanted.append(other)
         pool.start(wanted, args.output / "guards.log")
         pids = {name: _guard_pid(guard) for name, guard in
-                (("http", http_guard), ("grpc", grpc_guard))}
-        if args.compare_http_guard:
-            pids["compared"] = _guard_pid(arms["compared"][0])
+                (("http", http_guard), ("grpc", grpc_guard), *compared.items())}
         runs = []
         for round_ in range(1, args.rounds + 1):
             for pipeline in args.pipelines.split(","):
                 for protocol in args.protocols.split(","):
                     for arm, (h, g) in arms.items():
-                        if arm == "compared" and protocol != "http":
+                        if arm in compared and protocol != "http":
                             continue
                         http = f"{net.LOOPBACK}:{h.listen_port}" if h else server.http_url
                         grpc = f"{net.LOOPBACK}:{g.listen_port}" if g else server.grpc_url
                         guard_pid = None
                         if arm != "around":
-                            guard_pid = pids["compared" if arm == "compared" else protocol]
+                            guard_pid = pids[arm if arm in compared else protocol]
                         before = _cpu_s(guard_pid) if guard_pid else 0.0
                         triton_before = _cpu_s(server.pid)
                         out = args.output / f"r{round_}-{pipeline}-{protocol}-{arm}"
@@ -137,12 +147,26 @@ def main() -> int:
     finally:
         pool.stop()
         server.stop()
+        shutil.rmtree(built, ignore_errors=True)
     summary = _summary(runs)
     print(summary)
     (args.output / "guard_cost.json").write_text(json.dumps(
         {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary},
         indent=2) + "\n")
     return 0
+
+
+def _command(path: Path, built: Path) -> list[str]:
+    """How to run the compared guard ``path``: Python with this interpreter, C once compiled
+    (``cc -O2`` into ``built``)."""
+    if path.suffix != ".c":
+        return [sys.executable, str(path)]
+    binary = built / path.stem
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SystemExit(f"no C compiler (cc or gcc) on PATH to build {path}")
+    subprocess.run([compiler, "-O2", "-o", str(binary), str(path)], check=True)
+    return [str(binary)]
 
 
 def _guard_pid(guard: guards.GuardProcess) -> int:
