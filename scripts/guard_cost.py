@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools import net  # noqa: E402
+from tools.load import native  # noqa: E402
 from tools.serve import guards  # noqa: E402
 from tools.serve.http_guard import GuardLimits  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
@@ -82,6 +83,10 @@ def main() -> int:
                         "the guard's command line, measured as one more arm; repeatable.")
     parser.add_argument("--output", type=Path, default=ROOT / "reports" / "guard-cost")
     args = parser.parse_args()
+    names = [path.name for path in args.compare_http_guard]
+    if len(set(names)) != len(names) or {"through", "around"} & set(names):
+        parser.error(f"--compare-http-guard files name their arms, so they need distinct names "
+                     f"other than 'through' and 'around' (given: {', '.join(names)})")
     args.output.mkdir(parents=True, exist_ok=True)
 
     built = Path(tempfile.mkdtemp(prefix="guard-cost-"))
@@ -162,10 +167,10 @@ def _command(path: Path, built: Path) -> list[str]:
     if path.suffix != ".c":
         return [sys.executable, str(path)]
     binary = built / path.stem
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    cc = native.compiler()
+    if cc is None:
         raise SystemExit(f"no C compiler (cc or gcc) on PATH to build {path}")
-    subprocess.run([compiler, "-O2", "-o", str(binary), str(path)], check=True)
+    subprocess.run([cc, "-O2", "-o", str(binary), str(path)], check=True)
     return [str(binary)]
 
 

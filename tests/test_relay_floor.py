@@ -1,11 +1,12 @@
 """``scripts/relay_floor/``: the two relays `scripts/guard_cost.py` measures the HTTP guard
-against (the floor of a hop in C and in Python) relay keep-alive HTTP both ways, byte for byte,
-and end by themselves once the process they watch is gone, as the guards do."""
+against (the floor of a hop in C and in Python), started as that script starts a compared guard
+(the C one compiled first), relay keep-alive HTTP both ways, byte for byte, and end by
+themselves once the process they watch is gone, as the guards do."""
 
 from __future__ import annotations
 
 import http.client
-import shutil
+import importlib.util
 import subprocess
 import sys
 import threading
@@ -16,9 +17,13 @@ from pathlib import Path
 import pytest
 
 from tools import net
+from tools.load import native
 
 ROOT = Path(__file__).resolve().parents[1]
 RELAYS = ROOT / "scripts" / "relay_floor"
+_spec = importlib.util.spec_from_file_location("guard_cost", ROOT / "scripts" / "guard_cost.py")
+guard_cost = importlib.util.module_from_spec(_spec)  # how it runs a compared guard: tested here
+_spec.loader.exec_module(guard_cost)
 
 
 class _Echo(BaseHTTPRequestHandler):
@@ -46,24 +51,14 @@ def upstream():
     server.server_close()
 
 
-def _command(kind: str, tmp_path: Path) -> list[str]:
-    if kind == "python":
-        return [sys.executable, str(RELAYS / "relay_floor.py")]
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler (cc or gcc) on PATH to build relay_floor.c")
-    binary = tmp_path / "relay_floor"
-    subprocess.run([compiler, "-O2", "-Wall", "-Werror", "-o", str(binary),
-                    str(RELAYS / "relay_floor.c")], check=True)
-    return [str(binary)]
-
-
-@pytest.mark.parametrize("kind", ["c", "python"])
+@pytest.mark.parametrize("name", ["relay_floor.c", "relay_floor.py"])
 def test_a_relay_floor_relays_keep_alive_requests_and_ends_with_the_watched_process(
-        kind, upstream, tmp_path):
+        name, upstream, tmp_path):
+    if name.endswith(".c") and native.compiler() is None:
+        pytest.skip("no C compiler (cc or gcc) on PATH to build relay_floor.c")
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     port = net.free_ports(1)[0]
-    relay = subprocess.Popen(_command(kind, tmp_path) + [
+    relay = subprocess.Popen(guard_cost._command(RELAYS / name, tmp_path) + [
         "--listen-port", str(port), "--upstream-port", str(upstream),
         "--watch-pid", str(watched.pid)], stderr=subprocess.DEVNULL)
     try:
@@ -85,3 +80,15 @@ def test_a_relay_floor_relays_keep_alive_requests_and_ends_with_the_watched_proc
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_compared_guards_with_the_same_file_name_are_refused_before_any_server_starts(tmp_path):
+    # the arms are named by their files: two of one name would have been measured as one
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "guard_cost.py"), "--repository", str(tmp_path),
+         "--output", str(tmp_path / "out"), "--compare-http-guard", "/old/http_guard.py",
+         "--compare-http-guard", str(ROOT / "tools" / "serve" / "http_guard.py")],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "distinct names" in result.stderr and "http_guard.py, http_guard.py" in result.stderr
+    assert not (tmp_path / "out").exists()
