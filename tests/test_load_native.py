@@ -6,6 +6,7 @@ closes mid-request, a chunked answer, a timeout, and latency counted from when a
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -140,7 +141,7 @@ def test_nothing_listening_fails_every_request_with_a_reason():
 
 def test_without_a_compiler_it_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(LoadTestError, match=r"needs a C compiler .* \(--generator python\)"):
         native.binary()
 

@@ -92,3 +92,15 @@ def test_compared_guards_with_the_same_file_name_are_refused_before_any_server_s
     assert result.returncode == 2
     assert "distinct names" in result.stderr and "http_guard.py, http_guard.py" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_summary_reads_each_arm_against_around_per_round_and_over_the_rounds():
+    runs = [{"pipeline": "p", "protocol": "http", "round": r, "arm": arm, "throughput": value,
+             **({"guard_cpu_us_per_request": 100.0} if arm != "around" else {})}
+            for r, values in ((1, (80.0, 100.0)), (2, (99.0, 100.0)), (3, (102.0, 100.0)))
+            for arm, value in zip(("through", "around"), values)]
+    row = next(line for line in guard_cost._summary(runs).splitlines() if "| through |" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # the mean over the rounds (93.7 / 100), and the median of the rounds' ratios (0.99), which
+    # one slow round does not move
+    assert cells[3:7] == ["80.0 / 99.0 / 102.0", "93.7", "0.937", "0.990"], cells

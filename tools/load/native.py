@@ -10,9 +10,7 @@ hash, and run as a child process; its CPU time comes back from ``wait4``.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -23,21 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.errors import LoadTestError
+from tools.native_build import NotCompiled, compiled, compiler
 from tools.load.senders import error_of
 from tools.stats import Record
 
 SOURCE = Path(__file__).with_name("open_loop.c")
-
-
-def cache_dir() -> Path:
-    """Where the compiled open loop is kept (``$XDG_CACHE_HOME/triton-forge``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "triton-forge"
-
-
-def compiler() -> str | None:
-    """The C compiler on PATH (``cc``, else ``gcc``), or None."""
-    return shutil.which("cc") or shutil.which("gcc")
 
 
 def binary() -> Path:
@@ -46,24 +34,14 @@ def binary() -> Path:
     Raises:
         LoadTestError: no C compiler, or the source did not compile (with the compiler's words).
     """
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    target = cache_dir() / f"open_loop-{digest}"
-    if target.is_file() and os.access(target, os.X_OK):
-        return target
-    cc = compiler()
-    if cc is None:
-        raise LoadTestError("the C open loop needs a C compiler (cc or gcc) on PATH; install "
-                            "one (Debian: apt-get install gcc) or use the Python open loop "
-                            "(--generator python)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    done = subprocess.run([cc, "-O2", "-o", str(partial), str(SOURCE), "-lm"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise LoadTestError(f"{SOURCE.name} did not compile with {cc}:\n{done.stderr.strip()}")
-    partial.replace(target)  # atomic: a concurrent run finds either none or a whole binary
-    return target
+    try:
+        return compiled(SOURCE)
+    except NotCompiled as exc:
+        if compiler() is None:
+            raise LoadTestError("the C open loop needs a C compiler (cc or gcc) on PATH; install "
+                                "one (Debian: apt-get install gcc) or use the Python open loop "
+                                "(--generator python)") from None
+        raise LoadTestError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -146,12 +146,19 @@ class LatencyLimit:
 
     def cap(self) -> float:
         """The most work in flight now, in cost units."""
-        self._roll(self.clock())
-        unit = self.mean_cost or 1.0
+        absolute, floor = self.cap_terms()
+        return max(floor * (self.mean_cost or 1.0), absolute)
+
+    def cap_terms(self, now: float | None = None) -> tuple[float, int]:
+        """The cap as ``(cost units, requests)`` at ``now`` (None: the clock's now): it is the
+        larger of the first and that many requests of the mean cost (the HTTP guard's native
+        front, which averages the cost of what it is offered itself, is sent these, as of its
+        latest completion reported)."""
+        self._roll(self.clock() if now is None else now)
         if self.rate is None:
-            return INITIAL_IN_FLIGHT * unit
-        cap = max(MIN_IN_FLIGHT * unit, self.target_s * max(self.rate, self.peak))
-        return cap if self.congested else max(cap, INITIAL_IN_FLIGHT * unit)
+            return 0.0, INITIAL_IN_FLIGHT
+        return (self.target_s * max(self.rate, self.peak),
+                MIN_IN_FLIGHT if self.congested else INITIAL_IN_FLIGHT)
 
     def acquire(self, cost: float = 1.0) -> bool:
         """Count one request of ``cost`` in flight if the cap allows; False: refuse it."""
@@ -167,14 +174,19 @@ class LatencyLimit:
         """One request of ``cost`` admitted at ``started`` has been answered (``ok``:
         successfully)."""
         now = self.clock()
-        self._roll(now)
         self.in_flight -= 1
         self.load = max(0.0, self.load - cost) if self.in_flight else 0.0
+        self.observe(now, now - started, ok, cost)
+
+    def observe(self, now: float, latency: float, ok: bool, cost: float = 1.0) -> None:
+        """Learn from one request of ``cost`` answered at ``now`` after ``latency`` seconds
+        (``ok``: successfully); ``release`` calls it, and the HTTP guard's native front, whose
+        requests are counted in flight in C, reports its completions to it."""
+        self._roll(now)
         if not ok:  # an error says nothing of how fast the model answers
             return
         if self._first is None:
             self._first = now
-        latency = now - started
         self._done += cost
         self._count += 1
         self._latency_sum += latency
@@ -248,7 +260,7 @@ class SloAdmission:
     def admit(self, model: str, size: int = 1) -> Callable[[int], None] | None:
         """Count a request of ``size`` bytes to ``model`` in, or raise ``Overloaded``; the
         callable counts it out."""
-        limit = self._limit(model)
+        limit = self.limit_of(model)
         if limit is None:
             return None
         cost = float(max(size, 1))
@@ -259,7 +271,13 @@ class SloAdmission:
         started = self.clock()
         return lambda status: limit.release(started, status == 200, cost)
 
-    def _limit(self, model: str) -> LatencyLimit | None:
+    def target_known(self, model: str) -> bool:
+        """Whether ``model``'s config has been read (with or without a target)."""
+        return model in self._targets
+
+    def limit_of(self, model: str) -> LatencyLimit | None:
+        """``model``'s limit, or None while it has no target known; (re)reads its target when
+        it was never read or is older than ``CONFIG_TTL_S``."""
         target = self._targets.get(model)
         if (target is None or self.clock() - target.read_at > CONFIG_TTL_S) \
                 and model not in self._asking:

@@ -50,6 +50,7 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 import zlib
 from collections.abc import Callable
@@ -400,31 +401,50 @@ class HttpGuard:
         self.held = 0  # refusals being held (at most MAX_HELD_REFUSALS)
         self._sweeper: asyncio.Task | None = None
 
-    async def listen(self, address: str = LOOPBACK, port: int = 0) -> asyncio.AbstractServer:
-        """Listen on ``address:port``; the server's connections are this guard's."""
+    async def listen(self, address: str = LOOPBACK, port: int = 0, *,
+                     sock: socket.socket | None = None) -> asyncio.AbstractServer:
+        """Listen on ``address:port`` (or on the listening ``sock``); the server's connections
+        are this guard's."""
         loop = asyncio.get_running_loop()
-        if self._sweeper is None:
-            self._sweeper = loop.create_task(self._sweep())
+        if sock is not None:
+            return await loop.create_server(lambda: _Client(self), sock=sock)
         return await loop.create_server(lambda: _Client(self), address, port, reuse_address=True)
 
+    def start_sweeping(self) -> None:
+        """Time out this guard's connections while it has any (each new one calls this)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def adopt(self, sock: socket.socket, initial: bytes) -> None:
+        """Serve a connection accepted elsewhere (the native front's hand-off), which has sent
+        ``initial`` so far, from a request's first byte."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        loop.create_task(loop.connect_accepted_socket(lambda: _Client(self, initial), sock))
+
     async def _sweep(self) -> None:
-        """Time out slow senders (408), idle keep-alive connections and lingering closes."""
+        """Time out slow senders (408), idle keep-alive connections and lingering closes; ends
+        once there is no connection (a wakeup costs a cold interpreter up to a millisecond of
+        CPU, and with the native front in place this process mostly has none)."""
         interval = min(0.5, self.limits.read_timeout_s / 4)
         loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            now = loop.time()
-            for client in [c for c in self.connections if c.deadline < now]:
-                client.timed_out()
+        try:
+            while self.connections:
+                await asyncio.sleep(interval)
+                now = loop.time()
+                for client in [c for c in self.connections if c.deadline < now]:
+                    client.timed_out()
+        finally:
+            self._sweeper = None
 
 
 class _Client(asyncio.Protocol):
     """One client connection: parses its requests, sends them upstream, relays the answers."""
 
-    def __init__(self, guard: HttpGuard) -> None:
+    def __init__(self, guard: HttpGuard, initial: bytes = b"") -> None:
         self.guard = guard
         self.loop = asyncio.get_running_loop()
-        self.buf = bytearray()
+        self.buf = bytearray(initial)  # a handed-off connection's bytes read before
         self.state = _State.HEAD
         self.request: Request | None = None
         self.reserved = 0  # body bytes counted against the guard's budget
@@ -443,6 +463,13 @@ class _Client(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.guard.connections.add(self)
+        self.guard.start_sweeping()
+        if self.buf:  # handed off with a request begun
+            self.loop.call_soon(self._begin)
+
+    def _begin(self) -> None:
+        if self.state is _State.HEAD and self.buf and not self.transport.is_closing():
+            self._advance()
 
     def data_received(self, data: bytes) -> None:
         if self.state is _State.CLOSING:
@@ -918,30 +945,55 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _pidfd(pid: int | None) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux 5.3+), or None."""
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
 async def run_until_gone(watch_pid: int | None, drain_s: float = 60.0) -> None:
     """Return once ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT.
 
     With ``watch_pid``, a SIGTERM while it still runs (in a container the whole process group
     gets it) waits up to ``drain_s`` for it to exit: the responses of its drain still pass here.
+    Where Linux gives a pidfd the exit wakes this at once, with no polling in between (each
+    wakeup costs a cold interpreter up to a millisecond of CPU); elsewhere it polls every 0.5 s.
     """
-    terminated = asyncio.Event()
+    terminated, gone = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, terminated.set)
-    deadline = None
-    while watch_pid is None or _alive(watch_pid):
-        if not terminated.is_set():
+    pidfd = _pidfd(watch_pid)
+    if pidfd is not None:
+        loop.add_reader(pidfd, gone.set)
+    try:
+        deadline = None
+        while watch_pid is None or not (gone.is_set() or not _alive(watch_pid)):
+            if not terminated.is_set():
+                waits = [loop.create_task(terminated.wait()), loop.create_task(gone.wait())]
+                polled = watch_pid is not None and pidfd is None
+                await asyncio.wait(waits, timeout=0.5 if polled else None,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                for wait in waits:
+                    wait.cancel()
+                continue
+            if watch_pid is None:
+                return
+            deadline = deadline or loop.time() + drain_s
+            if loop.time() > deadline:
+                return
             try:
-                await asyncio.wait_for(terminated.wait(), 0.5)
+                await asyncio.wait_for(gone.wait(), 0.2)
             except asyncio.TimeoutError:
                 pass
-            continue
-        if watch_pid is None:
-            return
-        deadline = deadline or loop.time() + drain_s
-        if loop.time() > deadline:
-            return
-        await asyncio.sleep(0.2)
+    finally:
+        if pidfd is not None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
 
 
 def run(main: object, event_loop: str = "auto") -> None:
@@ -974,18 +1026,59 @@ def slo_admission_for(config_port: int) -> Admission | None:
     return SloAdmission(config_port, Overloaded)
 
 
+def native_front_binary(front: str) -> object | None:
+    """The compiled native front (``tools/serve/http_front.py``) for ``--front`` ``auto`` or
+    ``native``; None for ``python``, and for ``auto`` where it cannot be built (no C compiler,
+    or this file runs alone, as in the CPU image)."""
+    if front == "python":
+        return None
+    try:
+        from tools.serve.http_front import front_binary
+    except ImportError:
+        binary = None
+    else:
+        binary = front_binary()
+    if binary is None and front == "native":
+        raise SystemExit("http guard: --front native, but the native front cannot be built here")
+    return binary
+
+
 async def serve(listen_port: int, upstream_port: int, limits: GuardLimits,
                 watch_pid: int | None = None, listen_address: str = LOOPBACK,
-                drain_s: float = 60.0, slo_admission: bool = True) -> None:
+                drain_s: float = 60.0, slo_admission: bool = True, front: str = "auto") -> None:
     """Serve until ``watch_pid`` (tritonserver) is gone, or on SIGTERM/SIGINT
-    (``run_until_gone``)."""
+    (``run_until_gone``); with the native front (``front``: auto, native or python) where it
+    can be built."""
     guard = HttpGuard(upstream_port, limits,
                       slo_admission_for(upstream_port) if slo_admission else None)
-    server = await guard.listen(listen_address, listen_port)
+    binary = native_front_binary(front)
     print(f"http guard: {listen_address}:{listen_port} -> {LOOPBACK}:{upstream_port}, bodies up "
-          f"to {limits.max_body_bytes} bytes", file=sys.stderr, flush=True)
-    async with server:
+          f"to {limits.max_body_bytes} bytes, " + (f"native front {binary}" if binary else
+                                                  "served in Python"),
+          file=sys.stderr, flush=True)
+    if binary is None:
+        server = await guard.listen(listen_address, listen_port)
+        async with server:
+            await run_until_gone(watch_pid, drain_s)
+        return
+    from tools.serve.http_front import NativeFront
+    listener = socket.create_server((listen_address, listen_port), backlog=512)
+    taken_over: list[asyncio.AbstractServer] = []
+
+    def take_over() -> None:
+        async def listen() -> None:
+            taken_over.append(await guard.listen(sock=listener))
+        asyncio.get_running_loop().create_task(listen())
+
+    native = NativeFront(listener, upstream_port, limits.read_timeout_s, guard.adopt, take_over,
+                         slo_admission_for(upstream_port) if slo_admission else None, binary)
+    try:
         await run_until_gone(watch_pid, drain_s)
+    finally:
+        await native.close()
+        for server in taken_over:
+            server.close()
+        listener.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -999,10 +1092,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch-pid", type=int)
     parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto")
     parser.add_argument("--slo-admission", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--front", choices=("auto", "native", "python"), default="auto",
+                        help="who accepts connections: the native front (C) for the common "
+                             "request, handing the rest to Python (auto: where a C compiler "
+                             "builds it), or Python alone")
     args = parser.parse_args(argv)
     limits = GuardLimits(args.max_body_bytes, args.max_buffered_bytes, args.read_timeout_s)
     run(serve(args.listen_port, args.upstream_port, limits, args.watch_pid, args.listen_address,
-              slo_admission=args.slo_admission), args.event_loop)
+              slo_admission=args.slo_admission, front=args.front), args.event_loop)
     return 0
 
 

@@ -1,0 +1,55 @@
+"""C sources of this toolkit compiled on first use: the C open loop (``tools/load/open_loop.c``)
+and the HTTP guard's native front (``tools/serve/http_front.c``).
+
+Each is compiled with the machine's C compiler (``cc``, else ``gcc``) into a cache keyed by the
+source's hash (``$XDG_CACHE_HOME/triton-forge``), so an edited source is compiled again and a
+concurrent first use finds either no binary or a whole one. Standard library only: the HTTP guard
+imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class NotCompiled(Exception):
+    """A C source could not be compiled here; the message says why (no compiler, or its words)."""
+
+
+def cache_dir() -> Path:
+    """Where compiled sources are kept (``$XDG_CACHE_HOME/triton-forge``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "triton-forge"
+
+
+def compiler() -> str | None:
+    """The C compiler on PATH (``cc``, else ``gcc``), or None."""
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def compiled(source: Path) -> Path:
+    """The binary of ``source`` (linked with ``-lm``), compiled now if the source changed since.
+
+    Raises:
+        NotCompiled: no C compiler on PATH, or the source did not compile.
+    """
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{digest}"
+    if target.is_file() and os.access(target, os.X_OK):
+        return target
+    cc = compiler()
+    if cc is None:
+        raise NotCompiled(f"{source.name} needs a C compiler (cc or gcc) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    done = subprocess.run([cc, "-O2", "-o", str(partial), str(source), "-lm"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise NotCompiled(f"{source.name} did not compile with {cc}:\n{done.stderr.strip()}")
+    partial.replace(target)  # atomic: a concurrent run finds either none or a whole binary
+    return target
