@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools import net  # noqa: E402
-from tools.load import native  # noqa: E402
+from tools import native_build  # noqa: E402
 from tools.serve import guards  # noqa: E402
 from tools.serve.http_guard import GuardLimits  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
@@ -99,7 +97,6 @@ def main() -> int:
                      f"other than 'through' and 'around' (given: {', '.join(names)})")
     args.output.mkdir(parents=True, exist_ok=True)
 
-    built = Path(tempfile.mkdtemp(prefix="guard-cost-"))
     server = EmbeddedServer(args.repository, exit_timeout_s=5,
                             log_path=args.output / "tritonserver.log")
     server.start(timeout_s=300)
@@ -117,7 +114,7 @@ def main() -> int:
         compared = {}  # arm name -> its guard
         for path, port in zip(args.compare_http_guard, other_ports):
             other = guards.GuardProcess(f"the compared HTTP guard {path.name}", _command(
-                path, built) + ["--listen-port", str(port), "--upstream-port", str(triton_http),
+                path) + ["--listen-port", str(port), "--upstream-port", str(triton_http),
                                 "--watch-pid", str(server.pid)], port)
             compared[path.name] = other
             arms[path.name] = (other, grpc_guard)
@@ -172,7 +169,6 @@ def main() -> int:
     finally:
         pool.stop()
         server.stop()
-        shutil.rmtree(built, ignore_errors=True)
     summary = _summary(runs)
     print(summary)
     (args.output / "guard_cost.json").write_text(json.dumps(
@@ -181,17 +177,15 @@ def main() -> int:
     return 0
 
 
-def _command(path: Path, built: Path) -> list[str]:
+def _command(path: Path) -> list[str]:
     """How to run the compared guard ``path``: Python with this interpreter, C once compiled
-    (``cc -O2`` into ``built``)."""
+    (``tools/native_build.py``: ``cc -O2`` into the cache, on first use)."""
     if path.suffix != ".c":
         return [sys.executable, str(path)]
-    binary = built / path.stem
-    cc = native.compiler()
-    if cc is None:
-        raise SystemExit(f"no C compiler (cc or gcc) on PATH to build {path}")
-    subprocess.run([cc, "-O2", "-o", str(binary), str(path)], check=True)
-    return [str(binary)]
+    try:
+        return [str(native_build.compiled(path))]
+    except native_build.NotCompiled as exc:
+        raise SystemExit(f"cannot run {path}: {exc}") from None
 
 
 def _guard_pid(guard: guards.GuardProcess) -> int:

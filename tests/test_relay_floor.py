@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tools import net
-from tools.load import native
+from tools import native_build
 
 ROOT = Path(__file__).resolve().parents[1]
 RELAYS = ROOT / "scripts" / "relay_floor"
@@ -54,11 +54,11 @@ def upstream():
 @pytest.mark.parametrize("name", ["relay_floor.c", "relay_floor.py"])
 def test_a_relay_floor_relays_keep_alive_requests_and_ends_with_the_watched_process(
         name, upstream, tmp_path):
-    if name.endswith(".c") and native.compiler() is None:
+    if name.endswith(".c") and native_build.compiler() is None:
         pytest.skip("no C compiler (cc or gcc) on PATH to build relay_floor.c")
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     port = net.free_ports(1)[0]
-    relay = subprocess.Popen(guard_cost._command(RELAYS / name, tmp_path) + [
+    relay = subprocess.Popen(guard_cost._command(RELAYS / name) + [
         "--listen-port", str(port), "--upstream-port", str(upstream),
         "--watch-pid", str(watched.pid)], stderr=subprocess.DEVNULL)
     try:

@@ -88,7 +88,6 @@ class NativeFront:
     def __init__(self, listener: socket.socket, upstream_port: int, read_timeout_s: float,
                  adopt: Callable[[socket.socket, bytes], None], on_exit: Callable[[], None],
                  admission: SloAdmission | None, binary: Path) -> None:
-        self.listener = listener
         self.adopt, self.on_exit = adopt, on_exit
         self.admission = admission
         self.closing = False
