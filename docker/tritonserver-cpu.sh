@@ -9,6 +9,10 @@
 # image, the gRPC guard bounds gRPC messages to the same size on the gRPC address and port,
 # tritonserver's own gRPC moving to 127.0.0.1, port + 10000 (without it gRPC stays unbounded,
 # and this says so).
+# The HTTP guard serves the common request in its native front (tools/serve/http_front.c), the
+# image's copy prebuilt by scripts/compose-images.sh and named by TRITON_FORGE_HTTP_FRONT (the
+# image has no compiler); it imports its Python half from $home (PYTHONPATH), and serves in Python
+# alone where there is no front.
 # The guards watch this pid (tritonserver after the exec below), outlive a SIGTERM until
 # tritonserver has drained, and exit with it.
 # (both paths can be given for tests/test_serve_http_guard.py, which runs this script on the host)
@@ -34,7 +38,7 @@ if [ -n "$max_input" ]; then
     inner=$((http_port + 10000))
     echo "tritonserver-cpu: Triton 2.51 has no --http-max-input-size; the HTTP guard on" \
          "$http_address:$http_port bounds bodies to $max_input bytes (tritonserver's HTTP on 127.0.0.1:$inner)" >&2
-    python3 "$guard" --listen-address "$http_address" \
+    PYTHONPATH="$home${PYTHONPATH:+:$PYTHONPATH}" python3 "$guard" --listen-address "$http_address" \
         --listen-port "$http_port" --upstream-port "$inner" --max-body-bytes "$max_input" \
         --max-buffered-bytes $((4 * max_input)) --watch-pid $$ &
     # the metrics port follows --http-address unless given: keep it where it was

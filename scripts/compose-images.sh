@@ -99,14 +99,28 @@ build_target() {  # build_target TARGET IMAGE
     --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$2" . >/dev/null
 }
 
+# The HTTP guard's native front for the serving image, which has no compiler: statically linked
+# here, from the source in tools/ (part of SERVE_HASH), with tools/native_build.py's flags. Where
+# this host has no compiler the folder stays empty and the image's guard serves in Python alone.
+build_front() {
+  rm -rf "$IMAGES/front" && mkdir -p "$IMAGES/front"
+  if PYTHONPATH="$TF_ROOT" python3 -m tools.native_build tools/serve/http_front.c --static \
+      --output "$IMAGES/front/http_front"; then
+    tf_log "compiled the HTTP guard's native front for the image (build/images/front/http_front, static)"
+  else
+    tf_log "no native front in the image (see above): its HTTP guard serves in Python alone"
+  fi
+}
+
 BUILT=()
+FRONT_BUILT="front:$(command -v cc >/dev/null || command -v gcc >/dev/null && echo compiled || echo none)"
 BASE_IMAGE="triton-forge/debian-base:$(input_hash docker/debian-rootfs.sh "$SUITE" "$BASE_PACKAGES" "$BASE_SETUP")"
 PROMETHEUS_IMAGE="triton-forge/prometheus-cpu:$(input_hash docker/debian-rootfs.sh "$SUITE" "$PROM_PACKAGES" "$PROM_SETUP")"
 # The resolved locks, not only their inputs: a tag names the exact wheels inside.
 deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-cpu.lock)
 builder_deps=(docker/requirements-builder-cpu.lock)
 WHEELS_HASH="$(input_hash "$BASE_IMAGE" "${TORCH_INDEX_URL:-}" "${deps[@]}" "${builder_deps[@]}")"
-SERVE_HASH="$(input_hash "$BASE_IMAGE" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
+SERVE_HASH="$(input_hash "$BASE_IMAGE" "$FRONT_BUILT" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
   docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
   docker/healthcheck_probes.json docker/verify_repository.py "${deps[@]}" tools)"
 TRITON_CPU_IMAGE="triton-forge/triton-cpu:$SERVE_HASH"
@@ -127,6 +141,7 @@ if ! tf_image_exists "$TRITON_CPU_IMAGE" || ! tf_image_exists "$BUILDER_CPU_IMAG
     timed wheelhouse fill_wheelhouse
     echo "$WHEELS_HASH" >"$WHEELHOUSE/.inputs"
   fi
+  build_front
   tf_image_exists "$TRITON_CPU_IMAGE" || timed "$TRITON_CPU_IMAGE" build_target serve "$TRITON_CPU_IMAGE"
   tf_image_exists "$BUILDER_CPU_IMAGE" || timed "$BUILDER_CPU_IMAGE" build_target builder "$BUILDER_CPU_IMAGE"
 fi

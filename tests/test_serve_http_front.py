@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -252,16 +253,19 @@ def test_the_front_counts_a_models_work_in_flight_against_the_pushed_cap_and_rep
     asyncio.run(_with_front(test, admission))
 
 
-def _guard(upstream_port: int) -> tuple[subprocess.Popen, int]:
+def _guard(upstream_port: int, command: tuple[str, ...] = ("-m", "tools.serve.http_guard"),
+           front: str = "native", env: dict[str, str] | None = None,
+           expect_front: bool = True) -> tuple[subprocess.Popen, int]:
     port = net.free_ports(1)[0]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tools.serve.http_guard", "--listen-port", str(port),
-         "--upstream-port", str(upstream_port), "--no-slo-admission", "--front", "native"],
-        stderr=subprocess.PIPE, text=True)
+        [sys.executable, *command, "--listen-port", str(port),
+         "--upstream-port", str(upstream_port), "--no-slo-admission", "--front", front],
+        stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        front = [c for c in psutil.Process(process.pid).children() if "http_front" in c.name()]
-        if front and net.accepts(port):
+        front_started = [c for c in psutil.Process(process.pid).children()
+                         if "http_front" in c.name()]
+        if (front_started or not expect_front) and net.accepts(port):
             return process, port
         time.sleep(0.05)
     process.kill()
@@ -314,3 +318,48 @@ def test_the_front_ends_with_the_guard_and_frees_the_port(upstream_port):
     process.communicate(timeout=10)
     front.wait(5)  # raises if it is still running
     assert not net.accepts(port)
+
+
+def _as_in_the_cpu_image(tmp_path, front: str) -> dict[str, str]:
+    """The environment docker/tritonserver-cpu.sh gives the guard in the CPU image: the project
+    on PYTHONPATH, ``TRITON_FORGE_HTTP_FRONT`` naming ``front``, and no C compiler on PATH."""
+    no_compiler = tmp_path / "bin"
+    no_compiler.mkdir(exist_ok=True)
+    root = Path(__file__).resolve().parents[1]
+    return {**os.environ, "PATH": str(no_compiler), "PYTHONPATH": str(root),
+            "TRITON_FORGE_HTTP_FRONT": front}
+
+
+def test_a_front_built_beforehand_serves_where_there_is_no_compiler(upstream_port, tmp_path):
+    """As in the CPU image: scripts/compose-images.sh links the front statically
+    (``python -m tools.native_build ... --static``), the guard runs as a script with no
+    compiler on PATH, and the front it starts is that binary, serving the common request."""
+    root = Path(__file__).resolve().parents[1]
+    prebuilt = tmp_path / "front" / "http_front"
+    subprocess.run([sys.executable, "-m", "tools.native_build", str(root / "tools" / "serve" /
+                    "http_front.c"), "--static", "--output", str(prebuilt)], check=True, cwd=root)
+    process, port = _guard(upstream_port, (str(root / "tools" / "serve" / "http_guard.py"),),
+                           "auto", _as_in_the_cpu_image(tmp_path, str(prebuilt)))
+    try:
+        front = next(c for c in psutil.Process(process.pid).children() if "http_front" in c.name())
+        assert front.exe() == str(prebuilt)
+        assert _get_ready(port).startswith(b"HTTP/1.1 200")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=10)
+    assert f"native front {prebuilt}" in err, err
+
+
+def test_a_named_front_that_is_not_there_leaves_the_guard_serving_in_python(upstream_port, tmp_path):
+    missing = tmp_path / "nowhere" / "http_front"
+    root = Path(__file__).resolve().parents[1]
+    process, port = _guard(upstream_port, (str(root / "tools" / "serve" / "http_guard.py"),),
+                           "auto", _as_in_the_cpu_image(tmp_path, str(missing)), expect_front=False)
+    try:
+        assert not [c for c in psutil.Process(process.pid).children() if "http_front" in c.name()]
+        assert _get_ready(port).startswith(b"HTTP/1.1 200")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=10)
+    assert f"TRITON_FORGE_HTTP_FRONT={missing} is not an executable file" in err, err
+    assert "served in Python" in err, err

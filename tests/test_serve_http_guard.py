@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import tritonclient.http as httpclient
 
+from tools import native_build
 from tools.serve import faults
 from tools.serve.http_guard import GuardLimits, shape_problem
 from tools.net import free_ports, port_in_use
@@ -240,6 +241,9 @@ def test_the_cpu_images_tritonserver_wrapper_puts_the_guard_in_front_for_the_com
               if "http_guard.py" in " ".join(p.info["cmdline"] or [])
               and str(port) in (p.info["cmdline"] or [])]
     assert len(guards) == 1 and port_in_use(port + 10000), "tritonserver listens behind it"
+    if native_build.compiler() is not None:  # the guard imports its front from the project
+        assert [c for c in guards[0].children() if "http_front" in c.name()], \
+            "the HTTP guard serves through its native front"
     grpc_guards = [p for p in psutil.process_iter(["cmdline"])
                    if "grpc_guard.py" in " ".join(p.info["cmdline"] or [])
                    and str(grpc_port) in (p.info["cmdline"] or [])]

@@ -5,14 +5,20 @@ Each is compiled with the machine's C compiler (``cc``, else ``gcc``) into a cac
 source's hash (``$XDG_CACHE_HOME/triton-forge``), so an edited source is compiled again and a
 concurrent first use finds either no binary or a whole one. Standard library only: the HTTP guard
 imports it.
+
+Where no compiler will be at run time (the CPU image), the binary is made beforehand, statically
+linked, with the same flags: ``python -m tools.native_build SOURCE --static --output PATH``
+(scripts/compose-images.sh does this for the HTTP guard's front).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -41,15 +47,45 @@ def compiled(source: Path) -> Path:
     target = cache_dir() / f"{source.stem}-{digest}"
     if target.is_file() and os.access(target, os.X_OK):
         return target
+    compile_to(source, target)
+    return target
+
+
+def compile_to(source: Path, target: Path, static: bool = False) -> None:
+    """Compile ``source`` into ``target`` (``cc -O2 ... -lm``; ``static``: linked statically, to
+    run on a system without this one's libraries), replacing it whole or not at all.
+
+    Raises:
+        NotCompiled: no C compiler on PATH, or the source did not compile.
+    """
     cc = compiler()
     if cc is None:
         raise NotCompiled(f"{source.name} needs a C compiler (cc or gcc) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    done = subprocess.run([cc, "-O2", "-o", str(partial), str(source), "-lm"],
-                          capture_output=True, text=True)
+    done = subprocess.run([cc, "-O2", *(["-static"] if static else []), "-o", str(partial),
+                           str(source), "-lm"], capture_output=True, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         raise NotCompiled(f"{source.name} did not compile with {cc}:\n{done.stderr.strip()}")
     partial.replace(target)  # atomic: a concurrent run finds either none or a whole binary
-    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tools.native_build SOURCE --output PATH [--static]``: compile one source
+    beforehand (exit 1, saying why, where it cannot be)."""
+    parser = argparse.ArgumentParser(prog="python -m tools.native_build", description=main.__doc__)
+    parser.add_argument("source", type=Path)
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--static", action="store_true", help="link statically")
+    args = parser.parse_args(argv)
+    try:
+        compile_to(args.source, args.output, static=args.static)
+    except NotCompiled as exc:
+        print(f"native_build: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

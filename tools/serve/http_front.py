@@ -10,8 +10,10 @@ always did and keeps it. Admission stays here: completions come in batches, feed
 ``LatencyLimit`` per model (the front's requests are a class of their own, as the gRPC guard's
 are), and each model's cap is pushed back as its completions arrive.
 
-If the front cannot be compiled (no C compiler: the CPU image) the guard serves in Python alone;
-if it exits while serving, the guard takes the listening socket over and says so.
+A front built beforehand is named by ``TRITON_FORGE_HTTP_FRONT`` (the CPU image's, statically
+linked by scripts/compose-images.sh, since the image has no compiler); otherwise it is compiled
+on first use. If there is neither (no C compiler) the guard serves in Python alone; if the front
+exits while serving, the guard takes the listening socket over and says so.
 """
 
 from __future__ import annotations
@@ -43,11 +45,21 @@ IDLE_S = 1.0  # a model without completions for this long is pushed by the clock
 # number (the order the front named models in), 1 if answered 200, bytes, admitted, answered.
 COMPLETION = struct.Struct("=IIddd")
 STOP_WAIT_S = 2.0
+PREBUILT_ENV = "TRITON_FORGE_HTTP_FRONT"  # a front compiled beforehand (the CPU image's)
 
 
 def front_binary() -> Path | None:
-    """The compiled front, or None (with the reason on stderr) where it cannot be built."""
+    """The front named by ``TRITON_FORGE_HTTP_FRONT``, else the one compiled from ``SOURCE``;
+    None (with the reason on stderr) where the named one is not an executable file or none can
+    be built."""
     if not sys.platform.startswith("linux"):
+        return None
+    prebuilt = os.environ.get(PREBUILT_ENV)
+    if prebuilt:
+        if os.path.isfile(prebuilt) and os.access(prebuilt, os.X_OK):
+            return Path(prebuilt)
+        print(f"http guard: no native front ({PREBUILT_ENV}={prebuilt} is not an executable "
+              f"file); requests are served in Python", file=sys.stderr, flush=True)
         return None
     try:
         return compiled(SOURCE)
