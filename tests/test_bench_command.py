@@ -426,3 +426,79 @@ def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
     assert {(c["pipeline"], c["protocol"]) for c in report["guard_cost"]} == {
         (p, proto) for p in ("cls_embedder", "scorer") for proto in ("grpc", "http")}
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _pass(latencies_ms: list[float], *, rate: float | None, failed: int = 0,
+          encoder_compute_ms: float = 5.0) -> Point:
+    """One pass of a tail point: each request 0.1 s after the last, measured from 0."""
+    from tools.stats import Record, Window
+
+    records = [Record(0.1 * i, v, True) for i, v in enumerate(latencies_ms)]
+    records += [Record(0.1 * (len(records) + i), 1.0, False, "HTTP 503") for i in range(failed)]
+    window = Window(0.0, 0.1 * len(records) + 1.0)
+    meters = {"triton": {"minilm_encoder": ModelWindow(
+        "minilm_encoder", len(latencies_ms), 0, len(latencies_ms), len(latencies_ms), 1.0,
+        1.0, encoder_compute_ms, None, encoder_compute_ms, None, encoder_compute_ms + 1.0,
+        {1: len(latencies_ms)})}}
+    return Point.from_records(records, window, model="text_embedding", protocol="grpc",
+                              concurrency=0 if rate else 1, offered_rps=rate, meters=meters)
+
+
+def test_passes_of_one_point_pool_their_requests_latencies_and_triton_windows():
+    from tools.load.point import pooled
+
+    first = _pass([10.0] * 98 + [50.0, 70.0], rate=None, encoder_compute_ms=4.0)
+    second = _pass([20.0] * 98 + [60.0, 90.0], rate=None, failed=2, encoder_compute_ms=8.0)
+
+    both = pooled([first, second])
+
+    assert (both.requests, both.errors) == (200, 2)
+    assert both.seconds == pytest.approx(first.seconds + second.seconds)
+    assert both.throughput == pytest.approx(200 / (first.seconds + second.seconds))
+    # nearest rank over the 200 pooled latencies (98 x 10, 98 x 20, 50, 60, 70, 90 ms):
+    # P99 is rank 198, P50 rank 100; alone, each pass's P99 is its rank 99 (50 and 60 ms)
+    assert both.p99_ms == 60.0 and both.p50_ms == 20.0
+    assert first.p99_ms == 50.0 and second.p99_ms == 60.0
+    assert both.first_error == "HTTP 503"
+    encoder = both.models["minilm_encoder"]
+    assert (encoder.requests, encoder.executions, encoder.batch_executions) == (200, 200, {1: 200})
+    assert encoder.compute_ms == pytest.approx(6.0) and encoder.mean_batch == 1.0
+    assert pooled([first]) is first
+    with pytest.raises(ValueError, match="share model, protocol and pacing"):
+        pooled([first, _pass([10.0], rate=5.0)])
+
+
+def test_the_tail_pair_alternates_pass_by_pass_and_is_pooled(monkeypatch, tmp_path):
+    """c=1 and half load measured back to back, alternating (c=1, half, half, c=1, ...), the
+    rate from the best of every level (c=1's first pass included), each pass every request once."""
+    from tools.bench import sweep
+
+    calls: list[tuple[str, float | None, int]] = []
+    throughput = {8: 80.0, 1: 30.0}
+
+    def fake_measure(requests, sender, url, stats_url, *, concurrency=0, rate=None, label=None,
+                     cycles=0, **timing):
+        calls.append(("half" if rate else f"c={concurrency}", rate, cycles))
+        point = _pass([10.0 + len(calls)] * 20, rate=rate)
+        point = dataclasses.replace(point, concurrency=concurrency, protocol=label)
+        if not rate:
+            point = dataclasses.replace(point, throughput=throughput[concurrency])
+        return point
+
+    monkeypatch.setattr(sweep, "measure", fake_measure)
+    plan = sweep.BenchPlan(repository=tmp_path, spec_path=tmp_path, data=None,
+                           pipelines=("text_embedding",), explicit=True, batch_sizes=(1,),
+                           levels=(1, 8), protocols=("grpc",), duration_s=1.0, warmup_s=0.1,
+                           min_seconds=0.0, half_load=True, output=tmp_path, tail_cycles=3)
+    run = sweep.BenchRun(plan, [])
+    target = dataclasses.make_dataclass("T", ["name", "requests"])("text_embedding", ())
+
+    sweep._sweep(run, target, {"grpc": "127.0.0.1:1", "stats": "127.0.0.1:2"}, lambda _: None)
+
+    assert [c[0] for c in calls] == ["c=8", "c=1", "half", "half", "c=1", "c=1", "half"]
+    assert {c[1] for c in calls if c[0] == "half"} == {40.0}  # half of c=8's 80 req/s
+    assert [c[2] for c in calls] == [0, 1, 1, 1, 1, 1, 1]  # each tail pass: every request once
+    single, eight, half = run.served
+    assert (single.concurrency, eight.concurrency, half.offered_rps) == (1, 8, 40.0)
+    assert single.requests == half.requests == 60  # three passes of 20 each
+    assert single.p99_ms == 16.0  # the slowest c=1 pass (the 6th call) is in the pool

@@ -58,9 +58,10 @@ def _ints(value: str, option: str) -> list[int]:
               "throughput: its P99 over the P99 at c=1 is the tail ratio (target <= "
               f"{report.TAIL_TARGET:g}).")
 @option("--tail-cycles", type=click.IntRange(min=0), default=1, show_default=True,
-        help="The two points of the tail ratio (c=1 and half load) each send every distinct "
-        "request this many times from the first, whatever --duration says, so both P99s are "
-        "over the same texts; 0: they last --duration like the others.")
+        help="The two points of the tail ratio (c=1 and half load) are measured in this many "
+        "passes each, alternating (c=1, half load, half load, c=1, ...) so a machine that "
+        "slows down weighs on both, each pass sending every distinct request once whatever "
+        "--duration says (both P99s over the same texts); 0: one pass each, lasting --duration.")
 @click.option("--http-guard/--no-http-guard", default=None,
               help="The embedded server's HTTP guard [default: as tools serve: on for a "
               "binary without --http-max-input-size, such as the nvidia-pytriton wheel's 2.51]; "
@@ -90,8 +91,8 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
     scenario's requests (derived from the spec's inputs as tools loadtest derives them: texts,
     photos, text pairs, generated tensors; --data replaces them), HTTP through the guard when
     tools serve would put one there and gRPC through the gRPC guard; then an open loop at half of the best served throughput
-    (the tail ratio: its P99 over the P99 at c=1, target <= 1.5; both points send every
-    distinct request --tail-cycles times, the same texts). The in-process limit encodes
+    (the tail ratio: its P99 over the P99 at c=1, target <= 1.5; the two points are measured
+    back to back, in --tail-cycles alternating passes each sending every distinct request). The in-process limit encodes
     the texts the served requests carry. The ratio column is throughput over that pipeline's
     best in-process throughput; the side-by-side table puts each pipeline against the first one
     on the same protocol.

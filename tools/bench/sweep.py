@@ -21,6 +21,7 @@ from tools.bench.served import measure
 from tools.bench.targets import Target, resolve
 from tools.errors import UserInputError
 from tools.load import Point
+from tools.load.point import pooled
 
 Say = Callable[[str], None]
 UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guard
@@ -49,9 +50,10 @@ class BenchPlan:
         duration_s, warmup_s: Of each served point.
         min_seconds: In-process: at least this long per batch size.
         half_load: End each protocol's sweep with an open loop at half its best throughput.
-        tail_cycles: The tail ratio's two points (c=1, half load) send every distinct request
-            this many times from the first (0: they last ``duration_s``), bounded by
-            ``TAIL_BOUND_S``.
+        tail_cycles: The tail ratio's two points (c=1, half load) are measured in this many
+            passes each, alternating (c=1, half load, half load, c=1, ...), each pass sending
+            every distinct request once from the first (bounded by ``TAIL_BOUND_S``), and
+            pooled; 0: one pass each, lasting ``duration_s``.
         output: Folder for the server log (and the report).
         url, grpc_url: A running server (both or neither); None: the embedded server.
         http_guard: The embedded server's HTTP guard: None as ``tools serve`` decides (on for a
@@ -186,24 +188,49 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
             protocols.insert(protocols.index(protocol) + 1, around)
     for label in protocols:
         sender = AROUND.get(label, label)
+        endpoint = endpoints[label]
         timing = {"warmup_s": plan.warmup_s, "duration_s": plan.duration_s}
         # the tail ratio's points: every distinct request, the same number of times
-        whole = ({"warmup_s": plan.warmup_s, "duration_s": TAIL_BOUND_S,
-                  "cycles": plan.tail_cycles} if plan.tail_cycles else timing)
-        own = []
+        whole = ({"warmup_s": plan.warmup_s, "duration_s": TAIL_BOUND_S, "cycles": 1}
+                 if plan.tail_cycles else timing)
+        pair = plan.half_load and 1 in plan.levels  # c=1 and half load, interleaved below
+        own: dict[int, Point] = {}
         for level in plan.levels:
-            point = measure(target.requests, sender, endpoints[label], endpoints["stats"],
-                            concurrency=level, label=label, **(whole if level == 1 else timing))
-            own.append(point)
-            say(f"  served {target.name} {label} c={level}: {_point_line(point)}")
-        run.served.extend(own)
-        if plan.half_load:
-            top = max(own, key=lambda p: p.throughput)
-            point = measure(target.requests, sender, endpoints[label], endpoints["stats"],
-                            rate=max(top.throughput / 2, 1.0), label=label, **whole)
-            run.served.append(point)
-            say(f"  served {target.name} {label} {point.label} (half of "
-                f"{top.throughput:.1f}): {_point_line(point)}")
+            if pair and level == 1:
+                continue
+            own[level] = measure(target.requests, sender, endpoint, endpoints["stats"],
+                                 concurrency=level, label=label, **timing)
+            say(f"  served {target.name} {label} c={level}: {_point_line(own[level])}")
+        if not plan.half_load:
+            run.served.extend(own[level] for level in plan.levels)
+            continue
+        # The tail ratio divides one point's P99 by another's: measured minutes apart, a machine
+        # that slows in between moves it. So they alternate, pass by pass (c=1, half load, then
+        # half load, c=1, ...), each pass sending every request once, and are pooled.
+        singles: list[Point] = []
+        halves: list[Point] = []
+        rate = None if not own else max(p.throughput for p in own.values()) / 2
+        for round_ in range(max(plan.tail_cycles, 1)):
+            order = ("c1", "half") if round_ % 2 == 0 or not pair else ("half", "c1")
+            for which in order:
+                if which == "c1" and pair:
+                    singles.append(measure(target.requests, sender, endpoint, endpoints["stats"],
+                                           concurrency=1, label=label, **whole))
+                    if round_ == 0:  # half of the best, c=1 included
+                        rate = max(rate or 0.0, singles[0].throughput / 2)
+                elif which == "half":
+                    halves.append(measure(target.requests, sender, endpoint, endpoints["stats"],
+                                          rate=max(rate or 0.0, 1.0), label=label, **whole))
+        if singles:
+            own[1] = pooled(singles)
+            say(f"  served {target.name} {label} c=1: {_point_line(own[1])}"
+                + (f" ({len(singles)} passes between the half-load ones)" if len(singles) > 1
+                   else ""))
+        run.served.extend(own[level] for level in plan.levels)
+        half = pooled(halves)
+        run.served.append(half)
+        say(f"  served {target.name} {label} {half.label} (half of {2 * rate:.1f}): "
+            f"{_point_line(half)}" + (f" ({len(halves)} passes)" if len(halves) > 1 else ""))
 
 
 def run_bench(plan: BenchPlan, say: Say) -> BenchRun:

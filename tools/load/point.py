@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tools import stats
+from tools.load.triton_stats import merged_windows
 
 
 @dataclass
@@ -107,6 +108,52 @@ class Point:
             "error_ratio": self.error_ratio, "meters": _plain(self.meters),
             **({"meter_errors": dict(self.meter_errors)} if self.meter_errors else {}),
         }
+
+
+def pooled(points: Sequence[Point]) -> Point:
+    """Passes of one point measured apart (interleaved with another's) as one point: their
+    counted requests pooled, P50/P99 over every pass's latencies, the windows laid end to end
+    (``seconds`` their sum, ``throughput`` the successes over it), Triton's per-model windows
+    merged (``triton_stats.merged_windows``) and any other meter kept per pass, in order.
+
+    Raises:
+        ValueError: no points, or points of different models, protocols or pacings.
+    """
+    if not points:
+        raise ValueError("pooled: no points")
+    first = points[0]
+    if len({(p.model, p.protocol, p.concurrency, p.offered_rps) for p in points}) != 1:
+        raise ValueError("pooled: the passes of one point share model, protocol and pacing")
+    if len(points) == 1:
+        return first
+    summaries = [p.summary for p in points]
+    if any(s is None for s in summaries):
+        raise ValueError("pooled: every pass needs its summary (Point.from_records)")
+    ok = sorted(v for s in summaries for v in s.ok_latencies_ms)
+    kinds: dict[str, int] = {}
+    for s in summaries:
+        for kind, count in s.error_kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    seconds = sum(s.window.length_s for s in summaries)
+    summary = stats.Summary(
+        window=stats.Window(0.0, seconds), count=sum(s.count for s in summaries),
+        ok=len(ok), errors=sum(s.errors for s in summaries),
+        before_window=sum(s.before_window for s in summaries),
+        after_window=sum(s.after_window for s in summaries),
+        latency=stats.latency_summary(ok),
+        error_kinds=dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        first_error=next((s.first_error for s in summaries if s.first_error), ""),
+        in_flight_ages_ms=tuple(sorted(a for s in summaries for a in s.in_flight_ages_ms)),
+        ok_latencies_ms=tuple(ok))
+    meters: dict[str, Any] = {}
+    for name in dict.fromkeys(k for p in points for k in p.meters):
+        values = [p.meters[name] for p in points if name in p.meters]
+        meters[name] = merged_windows(values) if name == "triton" else values
+    errors = {k: v for p in points for k, v in p.meter_errors.items()}
+    return Point(model=first.model, protocol=first.protocol, concurrency=first.concurrency,
+                 offered_rps=first.offered_rps, meters=meters, meter_errors=errors,
+                 summary=summary, records=tuple(r for p in points for r in p.records),
+                 **summary.point_figures())
 
 
 def _plain(value: Any) -> Any:

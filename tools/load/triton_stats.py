@@ -6,7 +6,7 @@ batch size, and per-request time in the queue versus compute (input + infer + ou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,6 +132,37 @@ def window(
             request_ms=_per_request_ms(d_ns["success"], d_count["success"]),
             batch_executions=batches,
         )
+    return out
+
+
+def merged_windows(windows: Sequence[Mapping[str, ModelWindow]]) -> dict[str, ModelWindow]:
+    """Several windows' per-model figures as one (passes of one point, measured apart): counts
+    and executed batches summed, ``mean_batch`` as inferences over executions, and each time the
+    mean per request weighted by each window's successful requests."""
+    out: dict[str, ModelWindow] = {}
+    for name in dict.fromkeys(key for models in windows for key in models):
+        parts = [models[name] for models in windows if name in models]
+        requests = sum(w.requests for w in parts)
+        inferences, executions = sum(w.inferences for w in parts), sum(w.executions for w in parts)
+
+        def mean(field_name: str) -> float | None:
+            known = [(getattr(w, field_name), w.requests) for w in parts
+                     if getattr(w, field_name) is not None and w.requests > 0]
+            weight = sum(n for _, n in known)
+            return sum(v * n for v, n in known) / weight if weight else None
+
+        batches: dict[int, int] = {}
+        for w in parts:
+            for size, count in w.batch_executions.items():
+                batches[size] = batches.get(size, 0) + count
+        out[name] = ModelWindow(
+            model=name, requests=requests, failed=sum(w.failed for w in parts),
+            inferences=inferences, executions=executions,
+            mean_batch=(inferences / executions) if executions > 0 else None,
+            queue_ms=mean("queue_ms"), compute_ms=mean("compute_ms"),
+            compute_input_ms=mean("compute_input_ms"), compute_infer_ms=mean("compute_infer_ms"),
+            compute_output_ms=mean("compute_output_ms"), request_ms=mean("request_ms"),
+            batch_executions=dict(sorted(batches.items())))
     return out
 
 
