@@ -7,10 +7,8 @@ worker thread, off the event loop that sends.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -55,12 +53,7 @@ class TritonStats(Meter):
         self._before: dict[str, triton_stats.ModelCounters] | None = None
 
     def _fetch(self) -> dict[str, triton_stats.ModelCounters]:
-        if not self.headers:
-            return triton_stats.fetch_statistics(self.url, "http")
-        request = urllib.request.Request(f"http://{self.url}/v2/models/stats",
-                                         headers=self.headers)
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return triton_stats.parse_statistics(json.loads(resp.read()))
+        return triton_stats.fetch_statistics(self.url, "http", self.headers)
 
     def start(self) -> None:
         self._before = self._fetch()
