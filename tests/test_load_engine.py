@@ -228,3 +228,31 @@ def test_the_raw_http_sender_runs_on_uvloop_and_the_tritonclient_senders_on_asyn
 
     sender = sender_for(kind, "127.0.0.1:1")
     assert run_loop(loop_type(), sender).split(".")[0] == loop_module
+
+
+@pytest.mark.server
+def test_a_load_keeps_older_objects_out_of_collections_until_the_last_load_beside_it_ends(
+        toy_server):
+    """``gc.freeze`` while loads run (a full collection over what ran before paused an open
+    loop's sends); loads in threads beside each other thaw only when the last one ends."""
+    import gc
+
+    from tools.load import engine
+
+    assert gc.get_freeze_count() == 0
+    seen: list[int] = []
+
+    class Watching(ClosedLoop):
+        async def drive(self, run_state):
+            seen.append(gc.get_freeze_count())
+            await super().drive(run_state)
+
+    with engine._older_objects_frozen():
+        assert gc.get_freeze_count() > 0
+        with engine._older_objects_frozen():  # a second load beside the first
+            pass
+        assert gc.get_freeze_count() > 0, "the first load is still running"
+    assert gc.get_freeze_count() == 0
+    point = run([_double()], sender_for("grpc", toy_server.grpc_url), Watching(1), duration_s=0.3)
+    assert point.requests > 0 and seen and seen[0] > 0
+    assert gc.get_freeze_count() == 0, "thawed after the load"

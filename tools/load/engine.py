@@ -4,11 +4,19 @@
 ``requests`` in order, cycling, for ``warmup_s`` + ``duration_s`` (or until ``max_requests``
 measured requests were sent, or ``stop`` is set), records every request as a
 ``tools.stats.Record`` on ``time.monotonic`` and returns one ``Point``.
+
+While a load runs, the objects that existed before it are out of the garbage collector's way
+(``gc.freeze``): the load generator shares the cores and the interpreter with whatever ran
+before it in the process (``tools bench``: the in-process limits, every earlier point's
+records), and a full collection over them paused the sends of an open loop for 20-50 ms,
+which its latencies, counted from each scheduled send, then carried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import threading
 import time
 from collections.abc import Sequence
@@ -21,6 +29,27 @@ from tools.load.point import Point
 from tools.load.request import Request
 from tools.load.senders import Sender
 from tools.load.state import Run, one_line
+
+_frozen = 0  # loads running now (gc.freeze is the process's: the first freezes, the last thaws)
+_frozen_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _older_objects_frozen() -> Any:
+    """Keep the objects that exist now out of garbage collections until the block ends (and
+    every other load running beside it has ended too)."""
+    global _frozen
+    with _frozen_lock:
+        if _frozen == 0:
+            gc.freeze()
+        _frozen += 1
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen -= 1
+            if _frozen == 0:
+                gc.unfreeze()
 
 
 async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing, *,
@@ -40,7 +69,8 @@ async def run_async(requests: Sequence[Request], sender: Sender, pacing: Pacing,
         started = asyncio.ensure_future(_start_meters(meters, run.window.start_s, run.clock,
                                                       errors))
         try:
-            await pacing.drive(run)
+            with _older_objects_frozen():
+                await pacing.drive(run)
         finally:
             if not started.done():
                 started.cancel()  # the run ended before its window began: nothing to meter
