@@ -1,8 +1,9 @@
 """The tail ratio the queue alone would give: no other process on the cores (docs/cpu-speed.md).
 
-Each text's own time is measured in this process (the served tokenizer + encoder, one request
-at a time, the fastest of 3), then replayed through one or two FCFS encoder instances fed one
-text every 1/r s in the shipped order, r being half of what the instances could serve: the P99
+Each text's own time is measured in this process as one served encoder instance computes it (the
+served tokenizer + encoder with the instance's intra-op threads, one request at a time, the
+fastest of 3), then replayed through FCFS instances (one, and as many as the server runs) fed one
+text every 1/r s in the shipped order, r being half of what those instances could serve: the P99
 of that over the P99 of the texts alone is the tail ratio of a machine whose cores ran nothing
 but the encoders. What `tools bench` measures above it is contention and noise.
 
@@ -11,6 +12,7 @@ usage: python scripts/tail_floor.py [PIPELINE ...]   (default: the three text pi
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import sys
 import time
@@ -59,9 +61,12 @@ def main(names: list[str]) -> None:
                          names or ["text_embedding", "text_embedding_int8", "text_embedding_bf16"],
                          explicit=True)
     for target in targets:
-        times = own_times(InProcessEncoder(target.setup), target.texts)
+        served = target.setup
+        one_instance = dataclasses.replace(  # limit_threads = one instance's intra-op threads
+            served, encoder_config={**served.encoder_config, "instance_group": [{"count": 1}]})
+        times = own_times(InProcessEncoder(one_instance), target.texts)
         p99_alone = percentile(sorted(times), 99)
-        for instances in (1, 2):
+        for instances in sorted({1, served.instances}):
             rate = instances / times.mean() / 2
             latencies = replay(times, instances, rate)
             waits = latencies - times
