@@ -463,7 +463,9 @@ def test_passes_of_one_point_pool_their_requests_latencies_and_triton_windows():
     encoder = both.models["minilm_encoder"]
     assert (encoder.requests, encoder.executions, encoder.batch_executions) == (200, 200, {1: 200})
     assert encoder.compute_ms == pytest.approx(6.0) and encoder.mean_batch == 1.0
-    assert pooled([first]) is first
+    assert [(p["requests"], p["p99_ms"]) for p in both.to_dict()["passes"]] == [(100, 50.0),
+                                                                                (100, 60.0)]
+    assert pooled([first]) is first and "passes" not in first.to_dict()
     with pytest.raises(ValueError, match="share model, protocol and pacing"):
         pooled([first, _pass([10.0], rate=5.0)])
 
@@ -502,3 +504,9 @@ def test_the_tail_pair_alternates_pass_by_pass_and_is_pooled(monkeypatch, tmp_pa
     assert (single.concurrency, eight.concurrency, half.offered_rps) == (1, 8, 40.0)
     assert single.requests == half.requests == 60  # three passes of 20 each
     assert single.p99_ms == 16.0  # the slowest c=1 pass (the 6th call) is in the pool
+    (tail,) = tail_ratios(run.served)
+    # each round's two passes side by side: calls 2/3, 5/4 and 6/7 (latency 10 + call number)
+    assert tail["p99_c1_passes_ms"] == [12.0, 15.0, 16.0]
+    assert tail["p99_passes_ms"] == [13.0, 14.0, 17.0]
+    assert tail["pass_ratios"] == pytest.approx([13 / 12, 14 / 15, 17 / 16])
+    assert tail["ratio"] == pytest.approx(17 / 16)

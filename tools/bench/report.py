@@ -113,6 +113,8 @@ def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
         ratio = (s.p99_ms / p99_1) if (p99_1 and s.p99_ms) else None
         counted = s.requests + s.errors
         counted_1 = single.requests + single.errors if single else 0
+        halves = [p.p99_ms for p in s.passes] or [s.p99_ms]
+        singles = ([p.p99_ms for p in single.passes] or [single.p99_ms]) if single else []
         out.append({
             "pipeline": s.model, "protocol": s.protocol, "offered_rps": s.offered_rps,
             "throughput": s.throughput, "p99_ms": s.p99_ms, "p99_c1_ms": p99_1,
@@ -120,6 +122,11 @@ def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
             "same_requests": bool(counted) and counted == counted_1,
             "ratio": ratio, "target": TAIL_TARGET,
             "passed": None if ratio is None else ratio <= TAIL_TARGET,
+            # pass by pass (--tail-cycles N: N of each, the i-th half-load pass against the
+            # i-th c=1 pass, measured next to it)
+            "p99_passes_ms": halves, "p99_c1_passes_ms": singles,
+            "pass_ratios": [h / c if (h and c) else None for h, c in zip(halves, singles)]
+            if len(halves) == len(singles) else [],
         })
     return out
 
@@ -132,9 +139,12 @@ def _tail_line(tail: Mapping[str, Any]) -> str:
     over = (f"both over the same {tail['requests']} requests" if tail["same_requests"] else
             f"over {tail['requests']} and {tail['requests_c1']} requests, not the same ones: "
             f"--tail-cycles 1 sends both every one")
+    by_pass = tail.get("pass_ratios") or []
+    passes = ("; pass by pass " + " / ".join("-" if r is None else f"{r:.2f}" for r in by_pass)
+              if len(by_pass) > 1 else "")
     return (f"{where}: P99 {tail['p99_ms']:.1f} ms at r={tail['offered_rps']:.0f}/s = "
             f"{tail['ratio']:.2f} x the P99 at c=1 {tail['p99_c1_ms']:.1f} ms "
-            f"(target <= {tail['target']:g} x: {verdict}; {over})")
+            f"(target <= {tail['target']:g} x: {verdict}; {over}{passes})")
 
 
 def format_table(limits: Sequence[LimitResult], served: Sequence[Point],

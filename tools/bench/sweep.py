@@ -224,13 +224,18 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
         if singles:
             own[1] = pooled(singles)
             say(f"  served {target.name} {label} c=1: {_point_line(own[1])}"
-                + (f" ({len(singles)} passes between the half-load ones)" if len(singles) > 1
-                   else ""))
+                + (f" ({len(singles)} passes, alternating with the half-load ones: P99 "
+                   f"{_p99s(singles)})" if len(singles) > 1 else ""))
         run.served.extend(own[level] for level in plan.levels)
         half = pooled(halves)
         run.served.append(half)
         say(f"  served {target.name} {label} {half.label} (half of {2 * rate:.1f}): "
-            f"{_point_line(half)}" + (f" ({len(halves)} passes)" if len(halves) > 1 else ""))
+            f"{_point_line(half)}" + (f" ({len(halves)} passes: P99 {_p99s(halves)})"
+                                      if len(halves) > 1 else ""))
+
+
+def _p99s(passes: list[Point]) -> str:
+    return " / ".join("-" if p.p99_ms is None else f"{p.p99_ms:.1f}" for p in passes) + " ms"
 
 
 def run_bench(plan: BenchPlan, say: Say) -> BenchRun:

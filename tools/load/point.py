@@ -41,6 +41,8 @@ class Point:
         meter_errors: Meter name -> why it measured nothing (its reading failed).
         summary: The window's full ``tools.stats.Summary`` (not serialised).
         records: Every request of the run, warm-up included (not serialised).
+        passes: The passes ``pooled`` made this point of (empty for a single run); each one's
+            requests, seconds, P50 and P99 are serialised with it.
     """
 
     model: str
@@ -58,6 +60,7 @@ class Point:
     meter_errors: dict[str, str] = field(default_factory=dict)
     summary: stats.Summary | None = field(default=None, repr=False, compare=False)
     records: tuple[stats.Record, ...] = field(default=(), repr=False, compare=False)
+    passes: tuple[Point, ...] = field(default=(), repr=False, compare=False)
 
     @classmethod
     def from_records(cls, records: Sequence[stats.Timed], window: stats.Window, *, model: str,
@@ -107,6 +110,8 @@ class Point:
             "p99_ms": self.p99_ms, "first_error": self.first_error,
             "error_ratio": self.error_ratio, "meters": _plain(self.meters),
             **({"meter_errors": dict(self.meter_errors)} if self.meter_errors else {}),
+            **({"passes": [{"requests": p.requests, "seconds": p.seconds, "p50_ms": p.p50_ms,
+                            "p99_ms": p.p99_ms} for p in self.passes]} if self.passes else {}),
         }
 
 
@@ -153,7 +158,7 @@ def pooled(points: Sequence[Point]) -> Point:
     return Point(model=first.model, protocol=first.protocol, concurrency=first.concurrency,
                  offered_rps=first.offered_rps, meters=meters, meter_errors=errors,
                  summary=summary, records=tuple(r for p in points for r in p.records),
-                 **summary.point_figures())
+                 passes=tuple(points), **summary.point_figures())
 
 
 def _plain(value: Any) -> Any:
