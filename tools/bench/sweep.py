@@ -209,18 +209,22 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
         # half load, c=1, ...), each pass sending every request once, and are pooled.
         singles: list[Point] = []
         halves: list[Point] = []
-        rate = None if not own else max(p.throughput for p in own.values()) / 2
+
+        def single() -> None:
+            singles.append(measure(target.requests, sender, endpoint, endpoints["stats"],
+                                   concurrency=1, label=label, **whole))
+
+        best = 0.0
         for round_ in range(max(plan.tail_cycles, 1)):
-            order = ("c1", "half") if round_ % 2 == 0 or not pair else ("half", "c1")
-            for which in order:
-                if which == "c1" and pair:
-                    singles.append(measure(target.requests, sender, endpoint, endpoints["stats"],
-                                           concurrency=1, label=label, **whole))
-                    if round_ == 0:  # half of the best, c=1 included
-                        rate = max(rate or 0.0, singles[0].throughput / 2)
-                elif which == "half":
-                    halves.append(measure(target.requests, sender, endpoint, endpoints["stats"],
-                                          rate=max(rate or 0.0, 1.0), label=label, **whole))
+            c1_first = round_ % 2 == 0
+            if pair and c1_first:
+                single()
+            if round_ == 0:  # half of the best throughput, c=1's first pass included
+                best = max(p.throughput for p in [*own.values(), *singles])
+            halves.append(measure(target.requests, sender, endpoint, endpoints["stats"],
+                                  rate=max(best / 2, 1.0), label=label, **whole))
+            if pair and not c1_first:
+                single()
         if singles:
             own[1] = pooled(singles)
             say(f"  served {target.name} {label} c=1: {_point_line(own[1])}"
@@ -229,7 +233,7 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
         run.served.extend(own[level] for level in plan.levels)
         half = pooled(halves)
         run.served.append(half)
-        say(f"  served {target.name} {label} {half.label} (half of {2 * rate:.1f}): "
+        say(f"  served {target.name} {label} {half.label} (half of {best:.1f}): "
             f"{_point_line(half)}" + (f" ({len(halves)} passes: P99 {_p99s(halves)})"
                                       if len(halves) > 1 else ""))
 
