@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -412,6 +413,16 @@ def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
         # the tail ratio's two points sent each of the added pipeline's requests once
         assert all(t["same_requests"] and t["requests"] == figures["requests"]
                    for t in figures["tail"])
+        # how busy the cores were at both points, by role: the user's own stubs among them
+        # (CPU time comes in 10 ms ticks: a role that ran less in a short pass can read 0)
+        busy_points = [b for t in figures["tail"] for b in (t["cores_busy"], t["cores_busy_c1"])]
+        assert any(role.startswith(f"stubs {name}") for b in busy_points for role in b)
+        for tail in figures["tail"]:
+            for busy in (tail["cores_busy"], tail["cores_busy_c1"]):
+                assert busy["load generator"] > 0
+                assert busy["total"] == pytest.approx(
+                    sum(v for k, v in busy.items() if k != "total"), abs=0.01)
+                assert 0 < busy["total"] <= tail["cpus"] + 0.1
     embedder, scorer = report["pipelines"]["cls_embedder"], report["pipelines"]["scorer"]
     assert embedder["payload"] == "texts" and embedder["requests"] == report["texts"]
     assert "consumed by backend text_tokenizer of cls_embedder_tokenizer" in embedder["load"][0]
@@ -421,6 +432,9 @@ def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
     assert "not an ensemble" in scorer["limit_na"]
     assert "generated float32 [batch, 6]: standard normal" in scorer["load"][0]
     assert "scorer: best served" in result.output and "in-process limit n/a" in result.output
+    assert re.search(r"tail at half load, scorer grpc: .*; cores busy [0-9.]+ of \d+ at half load "
+                     r"\(tritonserver and stubs [0-9.]+, guards [0-9.]+, load generator [0-9.]+\), "
+                     r"[0-9.]+ at c=1", result.output)
     assert re.search(r"HTTP guard, scorer: at c=[12] through it", result.output)
     assert re.search(r"gRPC guard, scorer: at c=[12] through it", result.output)
     assert {(c["pipeline"], c["protocol"]) for c in report["guard_cost"]} == {
@@ -470,17 +484,50 @@ def test_passes_of_one_point_pool_their_requests_latencies_and_triton_windows():
         pooled([first, _pass([10.0], rate=5.0)])
 
 
+def test_cores_busy_is_the_mean_of_the_passes_by_role_and_shows_in_the_tail_line():
+    from tools.bench.report import _tail_line, cores_busy
+    from tools.load.point import pooled
+
+    def metered(point: Point, cores: dict[str, float]) -> Point:
+        return dataclasses.replace(point, meters={**point.meters, "cores": cores})
+
+    halves = [metered(_pass([10.0] * 5, rate=4.0), {"tritonserver": 0.2, "stubs enc": 1.0,
+                                                    "grpc guard": 0.1, "load generator": 0.1,
+                                                    "stubs idle": 0.0}),
+              metered(_pass([20.0] * 5, rate=4.0), {"tritonserver": 0.4, "stubs enc": 1.2,
+                                                    "grpc guard": 0.1, "load generator": 0.3,
+                                                    "stubs idle": 0.0})]
+    single = metered(_pass([8.0] * 10, rate=None), {"tritonserver": 0.1, "stubs enc": 0.8,
+                                                    "load generator": 0.1})
+    half = pooled(halves)
+    busy = cores_busy(half)
+    assert busy == pytest.approx({"tritonserver": 0.3, "stubs enc": 1.1, "grpc guard": 0.1,
+                                  "load generator": 0.2, "total": 1.7})  # "stubs idle" left out
+    assert cores_busy(single) == pytest.approx({"tritonserver": 0.1, "stubs enc": 0.8,
+                                                "load generator": 0.1, "total": 1.0})
+    assert cores_busy(_pass([1.0], rate=None)) is None  # not metered: a server given by URL
+    (tail,) = tail_ratios([single, half])
+    assert tail["cores_busy"] == busy and tail["cores_busy_c1"] == cores_busy(single)
+    line = _tail_line({**tail, "cpus": 2})
+    assert line.endswith("; cores busy 1.70 of 2 at half load (tritonserver and stubs 1.40, "
+                         "guards 0.10, load generator 0.20), 1.00 at c=1"), line
+    unmetered = tail_ratios([_pass([8.0] * 10, rate=None), pooled([_pass([9.0] * 5, rate=4.0)])])
+    assert "cores busy" not in _tail_line(unmetered[0])
+
+
 def test_the_tail_pair_alternates_pass_by_pass_and_is_pooled(monkeypatch, tmp_path):
     """c=1 and half load measured back to back, alternating (c=1, half, half, c=1, ...), the
     rate from the best of every level (c=1's first pass included), each pass every request once."""
     from tools.bench import sweep
 
     calls: list[tuple[str, float | None, int]] = []
+    metered: list[list[str]] = []
     throughput = {8: 80.0, 1: 30.0}
 
     def fake_measure(requests, sender, url, stats_url, *, concurrency=0, rate=None, label=None,
-                     cycles=0, **timing):
+                     cycles=0, meters=(), **timing):
         calls.append(("half" if rate else f"c={concurrency}", rate, cycles))
+        metered.append([meter.name for meter in meters])
         point = _pass([10.0 + len(calls)] * 20, rate=rate)
         point = dataclasses.replace(point, concurrency=concurrency, protocol=label)
         if not rate:
@@ -495,9 +542,11 @@ def test_the_tail_pair_alternates_pass_by_pass_and_is_pooled(monkeypatch, tmp_pa
     run = sweep.BenchRun(plan, [])
     target = dataclasses.make_dataclass("T", ["name", "requests"])("text_embedding", ())
 
-    sweep._sweep(run, target, {"grpc": "127.0.0.1:1", "stats": "127.0.0.1:2"}, lambda _: None)
+    sweep._sweep(run, target, {"grpc": "127.0.0.1:1", "stats": "127.0.0.1:2"}, lambda _: None,
+                 lambda: {"load generator": [os.getpid()]})
 
     assert [c[0] for c in calls] == ["c=8", "c=1", "half", "half", "c=1", "c=1", "half"]
+    assert metered == [[]] + [["cores"]] * 6  # each tail pass watches the cores, c=8 does not
     assert {c[1] for c in calls if c[0] == "half"} == {40.0}  # half of c=8's 80 req/s
     assert [c[2] for c in calls] == [0, 1, 1, 1, 1, 1, 1]  # each tail pass: every request once
     single, eight, half = run.served

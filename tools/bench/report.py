@@ -99,10 +99,26 @@ def compute_figures(point: Point) -> dict[str, Any]:
             "encoder_compute_ms": model.compute_ms if model else None}
 
 
+def cores_busy(point: Point | None) -> dict[str, float] | None:
+    """Cores the point's processes kept busy, by role (its ``cores`` meter; roles that used
+    none left out), the mean over its passes, and their ``total``; None when the point was not
+    metered (a server given by URL)."""
+    figures = point.meters.get("cores") if point else None
+    if not figures:
+        return None
+    passes = figures if isinstance(figures, list) else [figures]
+    roles = dict.fromkeys(role for one in passes for role in one)
+    mean = {role: round(sum(one.get(role, 0.0) for one in passes) / len(passes), 3)
+            for role in roles}
+    return {**{role: v for role, v in mean.items() if v > 0}, "total": round(sum(mean.values()), 3)}
+
+
 def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
     """Per pipeline and protocol with an open-loop point: its P99 against the P99 at c=1, and
     whether both counted the same requests (``same_requests``: as many, from the first, which
-    ``--tail-cycles`` gives them)."""
+    ``--tail-cycles`` gives them), with the cores the server, its guards and the load generator
+    kept busy at each of the two points (``cores_busy``, ``cores_busy_c1``; ``cpus``: how many
+    this process may run on)."""
     out = []
     for s in served:
         if not s.offered_rps:
@@ -127,6 +143,8 @@ def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
             "p99_passes_ms": halves, "p99_c1_passes_ms": singles,
             "pass_ratios": [h / c if (h and c) else None for h, c in zip(halves, singles)]
             if len(halves) == len(singles) else [],
+            "cores_busy": cores_busy(s), "cores_busy_c1": cores_busy(single),
+            "cpus": len(os.sched_getaffinity(0)),
         })
     return out
 
@@ -144,7 +162,20 @@ def _tail_line(tail: Mapping[str, Any]) -> str:
               if len(by_pass) > 1 else "")
     return (f"{where}: P99 {tail['p99_ms']:.1f} ms at r={tail['offered_rps']:.0f}/s = "
             f"{tail['ratio']:.2f} x the P99 at c=1 {tail['p99_c1_ms']:.1f} ms "
-            f"(target <= {tail['target']:g} x: {verdict}; {over}{passes})")
+            f"(target <= {tail['target']:g} x: {verdict}; {over}{passes}){_busy_line(tail)}")
+
+
+def _busy_line(tail: Mapping[str, Any]) -> str:
+    """``; cores busy ...`` of a tail line: at half load by role, and at c=1 (empty unmetered)."""
+    half, single = tail.get("cores_busy"), tail.get("cores_busy_c1")
+    if not half:
+        return ""
+    server = sum(v for k, v in half.items() if k == "tritonserver" or k.startswith("stubs"))
+    guards = sum(v for k, v in half.items() if k.endswith("guard"))
+    return (f"; cores busy {half['total']:.2f} of {tail['cpus']} at half load (tritonserver "
+            f"and stubs {server:.2f}, guards {guards:.2f}, load generator "
+            f"{half.get('load generator', 0.0):.2f})"
+            + (f", {single['total']:.2f} at c=1" if single else ""))
 
 
 def format_table(limits: Sequence[LimitResult], served: Sequence[Point],

@@ -19,7 +19,8 @@ TEXT_OUTPUT = "EMBEDDING"
 
 def measure(requests: Sequence[Request], protocol: str, url: str, stats_url: str | None, *,
             concurrency: int = 0, rate: float | None = None, warmup_s: float = 3.0,
-            duration_s: float = 15.0, label: str | None = None, cycles: int = 0) -> Point:
+            duration_s: float = 15.0, label: str | None = None, cycles: int = 0,
+            meters: Sequence[load.Meter] = ()) -> Point:
     """A closed loop at ``concurrency`` (or, with ``rate``, an open loop of ``rate``
     requests/s) for ``warmup_s`` + ``duration_s``; measure the latter.
 
@@ -35,11 +36,12 @@ def measure(requests: Sequence[Request], protocol: str, url: str, stats_url: str
         label: The protocol as the point reports it (e.g. ``http-unguarded``).
         cycles: When > 0, measure every request of ``requests`` exactly this many times from
             the first (``duration_s`` is then only a bound).
+        meters: More meters over the window, beside Triton's statistics.
     """
     pacing = load.OpenLoop(rate) if rate else load.ClosedLoop(concurrency)
-    meters = [load.TritonStats(stats_url)] if stats_url else []
+    watching = [*([load.TritonStats(stats_url)] if stats_url else []), *meters]
     point = load.run(requests, load.sender_for(protocol, url), pacing, warmup_s=warmup_s,
-                     duration_s=duration_s, meters=meters,
+                     duration_s=duration_s, meters=watching,
                      max_requests=cycles * len(requests) if cycles else None,
                      from_first=bool(cycles))
     return dataclasses.replace(point, protocol=label) if label else point

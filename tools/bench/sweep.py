@@ -20,7 +20,7 @@ from tools.bench.inprocess import InProcessEncoder, LimitResult, measure as meas
 from tools.bench.served import measure
 from tools.bench.targets import Target, resolve
 from tools.errors import UserInputError
-from tools.load import Point
+from tools.load import Cores, Point
 from tools.load.point import pooled
 
 Say = Callable[[str], None]
@@ -116,13 +116,19 @@ def _guard_default() -> bool:
     return "--http-max-input-size" not in binary_options(resolve_binary(None))
 
 
+Roles = Callable[[], dict[str, list[int]]]  # role -> pids, read when a meter starts
+
+
 @contextlib.contextmanager
-def _server(plan: BenchPlan, say: Say, conditions: dict[str, Any]) -> Iterator[dict[str, str]]:
-    """Protocol -> endpoint of the server measured (``http`` through the guard if it has one)."""
+def _server(plan: BenchPlan, say: Say,
+            conditions: dict[str, Any]) -> Iterator[tuple[dict[str, str], Roles | None]]:
+    """Protocol -> endpoint of the server measured (``http`` through the guard if it has one),
+    and the processes of the run by role (None for a server given by URL: not ours to watch)."""
     if plan.url and plan.grpc_url:
         conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", http_guard=None)
-        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}
+        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}, None
         return
+    from tools.serve.overload import roles
     from tools.serve.http_guard import GuardLimits
     from tools.serve.server import EmbeddedServer
     from tools.serve.server_config import HTTP_MAX_INPUT_SIZE
@@ -143,7 +149,8 @@ def _server(plan: BenchPlan, say: Say, conditions: dict[str, Any]) -> Iterator[d
             found[UNGUARDED] = server.triton_http_url
         if plan.guard_cost and plan.grpc_guard:
             found[UNGUARDED_GRPC] = server.triton_grpc_url
-        yield found
+        models = [m.name for m in plan.repository.iterdir() if (m / "config.pbtxt").is_file()]
+        yield found, lambda: roles(server.pid, models)
     finally:
         server.stop()
 
@@ -180,7 +187,8 @@ def _point_line(point: Point) -> str:
             f"{' (' + point.first_error + ')' if point.first_error else ''}")
 
 
-def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -> None:
+def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say,
+           roles: Roles | None = None) -> None:
     plan = run.plan
     protocols = list(plan.protocols)
     for around, protocol in AROUND.items():
@@ -210,9 +218,14 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
         singles: list[Point] = []
         halves: list[Point] = []
 
+        def cores() -> list[Cores]:
+            """How busy the machine's cores were in each tail pass, by process role: queueing
+            at half load depends on it, not on the load's fraction of the best throughput."""
+            return [Cores(roles)] if roles else []
+
         def single() -> None:
             singles.append(measure(target.requests, sender, endpoint, endpoints["stats"],
-                                   concurrency=1, label=label, **whole))
+                                   concurrency=1, label=label, meters=cores(), **whole))
 
         best = 0.0
         for round_ in range(max(plan.tail_cycles, 1)):
@@ -222,7 +235,8 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say) -
             if round_ == 0:  # half of the best throughput, c=1's first pass included
                 best = max(p.throughput for p in [*own.values(), *singles])
             halves.append(measure(target.requests, sender, endpoint, endpoints["stats"],
-                                  rate=max(best / 2, 1.0), label=label, **whole))
+                                  rate=max(best / 2, 1.0), label=label, meters=cores(),
+                                  **whole))
             if pair and not c1_first:
                 single()
         if singles:
@@ -271,13 +285,13 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
     plan.output.mkdir(parents=True, exist_ok=True)
     _limits(run, say)
     run.conditions["load_average_start"] = round(os.getloadavg()[0], 2)
-    with _server(plan, say, run.conditions) as endpoints:
+    with _server(plan, say, run.conditions) as (endpoints, roles):
         if plan.guard_cost and not set(AROUND) & set(endpoints):
             raise UserInputError("--guard-cost: the server has no guard (the binary has "
                                  "--http-max-input-size and --no-grpc-guard was given); nothing "
                                  "to measure around")
         for target in targets:
-            _sweep(run, target, endpoints, say)
+            _sweep(run, target, endpoints, say, roles)
     run.conditions["load_average_end"] = round(os.getloadavg()[0], 2)
     run.conditions["cpus"] = os.cpu_count()
     return run

@@ -109,7 +109,8 @@ def burst_heads(url: str, request: bytes, count: int, timeout_s: float = 30.0) -
 
 def roles(server_pid: int, models: Sequence[str]) -> dict[str, list[int]]:
     """The processes of a load run by role: tritonserver, the stubs of each model, each guard of
-    this server, and this process (the load generator)."""
+    this server (with its children: the HTTP guard's native front), and this process (the load
+    generator)."""
     found: dict[str, list[int]] = {"tritonserver": [server_pid], "load generator": [os.getpid()]}
     by_length = sorted(models, key=len, reverse=True)
     for instance, pid in process.stub_processes(server_pid).items():
@@ -122,7 +123,11 @@ def roles(server_pid: int, models: Sequence[str]) -> dict[str, list[int]]:
             continue
         guard = next((g for g in ("http_guard", "grpc_guard") if f"tools.serve.{g}" in argv), None)
         if guard and str(server_pid) in argv:
-            found.setdefault(guard.replace("_", " "), []).append(child.pid)
+            try:  # the HTTP guard's native front is its child
+                front = [p.pid for p in child.children(recursive=True)]
+            except psutil.Error:
+                front = []
+            found.setdefault(guard.replace("_", " "), []).extend([child.pid, *front])
     return found
 
 
