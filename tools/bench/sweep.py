@@ -128,8 +128,8 @@ def _server(plan: BenchPlan, say: Say,
         conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", http_guard=None)
         yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}, None
         return
-    from tools.serve.overload import roles
     from tools.serve.http_guard import GuardLimits
+    from tools.serve.overload import roles
     from tools.serve.server import EmbeddedServer
     from tools.serve.server_config import HTTP_MAX_INPUT_SIZE
 
