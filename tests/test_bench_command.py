@@ -543,7 +543,7 @@ def test_the_tail_pair_alternates_pass_by_pass_and_is_pooled(monkeypatch, tmp_pa
     target = dataclasses.make_dataclass("T", ["name", "requests"])("text_embedding", ())
 
     sweep._sweep(run, target, {"grpc": "127.0.0.1:1", "stats": "127.0.0.1:2"}, lambda _: None,
-                 lambda: {"load generator": [os.getpid()]})
+                 {"load generator": [os.getpid()]})
 
     assert [c[0] for c in calls] == ["c=8", "c=1", "half", "half", "c=1", "c=1", "half"]
     assert metered == [[]] + [["cores"]] * 6  # each tail pass watches the cores, c=8 does not

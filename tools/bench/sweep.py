@@ -24,6 +24,7 @@ from tools.load import Cores, Point
 from tools.load.point import pooled
 
 Say = Callable[[str], None]
+Roles = dict[str, list[int]]  # role -> pids of the processes a load run keeps busy
 UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guard
 UNGUARDED_GRPC = "grpc-unguarded"  # gRPC on tritonserver's own port, around the gRPC guard
 # The labels measured around a guard (--guard-cost) -> the protocol they are sent with.
@@ -116,14 +117,12 @@ def _guard_default() -> bool:
     return "--http-max-input-size" not in binary_options(resolve_binary(None))
 
 
-Roles = Callable[[], dict[str, list[int]]]  # role -> pids, read when a meter starts
-
-
 @contextlib.contextmanager
 def _server(plan: BenchPlan, say: Say,
             conditions: dict[str, Any]) -> Iterator[tuple[dict[str, str], Roles | None]]:
     """Protocol -> endpoint of the server measured (``http`` through the guard if it has one),
-    and the processes of the run by role (None for a server given by URL: not ours to watch)."""
+    and the processes of the run by role, found once at the start (None for a server given by
+    URL: not ours to watch)."""
     if plan.url and plan.grpc_url:
         conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", http_guard=None)
         yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}, None
@@ -149,8 +148,7 @@ def _server(plan: BenchPlan, say: Say,
             found[UNGUARDED] = server.triton_http_url
         if plan.guard_cost and plan.grpc_guard:
             found[UNGUARDED_GRPC] = server.triton_grpc_url
-        models = [m.name for m in plan.repository.iterdir() if (m / "config.pbtxt").is_file()]
-        yield found, lambda: roles(server.pid, models)
+        yield found, roles(server.pid, server.models)
     finally:
         server.stop()
 
