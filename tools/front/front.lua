@@ -64,7 +64,7 @@ core.register_action("check_shapes", {"http-req"}, function(txn)
     end
     local size = tonumber(txn.f:req_hdr("content-length") or "") or #body
     for dims in body:gmatch('"shape"%s*:%s*%[([^%]]*)%]') do
-        local elements = 1
+        local elements = 1.0  -- a float: integer products wrap around in Lua 5.3
         for dim in dims:gmatch("[^,%s]+") do
             local value = tonumber(dim)
             if value == nil or value < 0 then

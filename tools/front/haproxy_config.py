@@ -44,6 +44,7 @@ LUA_SOURCE = Path(__file__).with_name(LUA_NAME)
 INITIAL_MAXCONN = 32  # tools.front.admission.INITIAL_IN_FLIGHT: the cap until one is measured
 MAX_QUEUE = 256  # requests waiting for a slot freed by a lowered cap (be_conn_free needs one)
 QUEUE_TIMEOUT_S = 1
+MAX_URL_BYTES = 8000  # within the request line tritonserver reads
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 # The KServe v2 inference paths: /v2/models/<m>/infer and /v2/models/<m>/versions/<v>/infer
@@ -125,6 +126,33 @@ def render(plan: FrontPlan) -> str:
         "",
         "frontend http",
         f"    bind {_env('FORGE_FRONT_HTTP')}",
+        # What HAProxy's parser tolerates or forwards as sent, refused here: an absolute-form or
+        # over-long target, control bytes in a header, an underscore in a header name (a dash to some servers), a Content-Length
+        # past 15 digits, HTTP/1.1 without exactly one Host, an expectation other than
+        # 100-continue, and repeated headers tritonserver reads one of.
+        f"    http-request return status 400 content-type application/json string "
+        f"{_json('the request target must be a path (origin-form)')} if !{{ url_beg / }}",
+        # tritonserver (evhtp) drops a connection whose request line is longer than about 8 KB
+        f"    http-request return status 414 content-type application/json string "
+        f"{_json(f'request target over {MAX_URL_BYTES} bytes')} if {{ url,length gt {MAX_URL_BYTES} }}",
+        f"    http-request return status 400 content-type application/json string "
+        f"{_json('control character in a header')} "
+        r"if { req.hdrs -m reg '[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]' }",
+        f"    http-request return status 400 content-type application/json string "
+        f"{_json('underscore in a header name')} if {{ req.hdr_names -m sub _ }}",
+        f"    http-request return status 400 content-type application/json string "
+        f"{_json('Content-Length is not a number of bytes')} "
+        "if { req.hdr_cnt(content-length) gt 0 } !{ req.hdr(content-length) -m reg ^[0-9]{1,15}$ }",
+        f"    http-request return status 400 content-type application/json string "
+        f"{_json('HTTP/1.1 needs exactly one Host header')} "
+        "if { req.ver 1.1 } !{ req.hdr_cnt(host) eq 1 }",
+        f"    http-request return status 417 content-type application/json string "
+        f"{_json('the only expectation accepted is 100-continue')} "
+        "if { req.hdr_cnt(expect) gt 0 } !{ req.hdr(expect) -i 100-continue }",
+        f"    http-request return status 400 content-type application/json string "
+        f"{_json('repeated Content-Encoding or Inference-Header-Content-Length')} "
+        "if { req.hdr_cnt(content-encoding) gt 1 } || "
+        "{ req.hdr_cnt(inference-header-content-length) gt 1 }",
         f"    http-request return status 411 content-type application/json string "
         f"{_json('chunked request bodies are not accepted: send Content-Length')} "
         "if { req.hdr_cnt(transfer-encoding) gt 0 }",
@@ -160,6 +188,10 @@ def render(plan: FrontPlan) -> str:
     lines += [f"    use_backend {http_backend(m)} if {{ var(txn.model) -m str {m} }}"
               for m in models]
     lines += [
+        # a request the front refused closes its connection (whatever follows on it is not
+        # read as a request); an overload refusal keeps it, as tritonserver's own errors do
+        "    http-after-response set-header connection close "
+        "if { status ge 400 } !{ status 503 } !{ srv_name -m found }",
         "    default_backend h_triton",
         "",
         "frontend grpc",
