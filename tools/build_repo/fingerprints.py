@@ -25,6 +25,7 @@ from tools.build_repo.spec import (
     spec_hash,
 )
 from tools.errors import SpecError
+from tools.models.hf_folder import TOKEN_CLASSIFIER
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules of this package (paths relative to it) that shape no artifact: the CLI, the display,
@@ -102,6 +103,9 @@ def pytorch_inputs(
         if path is None:
             raise SpecError(f"{where}field 'source': cannot find the module of {ref!r}")
         modules[ref] = sha256_file(path)
+    if model.recipe is not None and model.recipe.kind == TOKEN_CLASSIFIER:
+        # its entity parity runs the served tokenizer and aggregation (entity_parity.py)
+        modules["pipeline_ops"] = sha256_tree(spec.backends / "pipeline_ops")
     weights, stats = _weights(spec, model, modules, previous)
     backend = None
     if target == "cpu":

@@ -3,6 +3,7 @@
 ``hf-text-embedding``: encoder, masked mean or ``[CLS]`` pooling, optional L2 normalisation.
 ``hf-sequence-classification``: the classifier's logits (the activation and labels are served
 after it). ``hf-cross-encoder``: a classifier scoring text pairs, its activation in the graph.
+``hf-token-classification``: per-token logits (the entities are aggregated after it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from tools.models.hf_folder import CLASSIFIER_KINDS, HfFolder
+from tools.models.hf_folder import CLASSIFIER_KINDS, TOKEN_CLASSIFIER, HfFolder
 from tools.models.minilm import tokenized_samples
 
 
@@ -62,6 +63,24 @@ class SequenceClassifier(nn.Module):
         return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
 
 
+class TokenClassifier(nn.Module):
+    """A ``*ForTokenClassification`` model returning only its per-token logits.
+
+    ``classifier`` is the transformers model itself (the build's entity parity hands it to
+    transformers' own token-classification pipeline).
+    """
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+        self.token_types = _token_type_ids(classifier)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch, sequence, labels]`` of token ids ``[batch, sequence]``."""
+        extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
+        return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
+
+
 class PairScorer(nn.Module):
     """A ``*ForSequenceClassification`` model scoring text pairs: ``activation(logits)``.
 
@@ -85,7 +104,8 @@ class PairScorer(nn.Module):
 class Recipe(Protocol):
     """What this module reads of a spec entry's ``recipe``."""
 
-    kind: str  # hf-text-embedding | hf-sequence-classification | hf-cross-encoder
+    kind: str  # hf-text-embedding | hf-sequence-classification | hf-cross-encoder |
+    # hf-token-classification
     pooling: str  # mean | cls
     normalize: bool
     activation: str | None  # hf-cross-encoder: sigmoid | identity
@@ -98,11 +118,18 @@ def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # unused pooler weights and the like: not our concern here
     hf_logging.disable_progress_bar()
+    if recipe.kind == TOKEN_CLASSIFIER:
+        return TokenClassifier(AutoModelForTokenClassification.from_pretrained(
+            str(folder.path), attn_implementation="eager")).eval()
     if recipe.kind in CLASSIFIER_KINDS:
         model = AutoModelForSequenceClassification.from_pretrained(
             str(folder.path), attn_implementation="eager"
