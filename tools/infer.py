@@ -402,11 +402,13 @@ def render(result: InferResult) -> str:
 
 
 def as_json(result: InferResult) -> str:
-    """The outputs and latency as one JSON object (strings decoded as UTF-8)."""
+    """The outputs and latency as one JSON object (strings decoded as UTF-8; an output of entity
+    arrays, as a token-classification pipeline answers, decoded into them)."""
 
     def plain(array: np.ndarray) -> Any:
         if array.dtype == np.object_:
-            return np.vectorize(_text, otypes=[np.object_])(array).tolist()
+            decode = json.loads if _entity_lists(array) is not None else _text
+            return np.vectorize(lambda v: decode(_text(v)), otypes=[np.object_])(array).tolist()
         return array.tolist()
 
     return json.dumps(

@@ -23,6 +23,8 @@ import numpy as np
 from tools.errors import ParityError
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
+# The served modules of pipeline_ops this check runs (hashed into the classifier's export key).
+SERVED_MODULES = ("batching.py", "errors.py", "text.py", "token_classification.py")
 # One text per family the served offsets must get right; the last one is over every length
 # limit, so truncation is compared too.
 PARITY_TEXTS = (
@@ -82,8 +84,7 @@ def served_entities(tokenizer: Any, runner: Callable[[dict], dict], labels: Sequ
         texts: the texts.
     """
     text, token_classification = _served_ops(backends)
-    tokenizer.enable_truncation(max_length=max_length, strategy="longest_first")
-    tokenizer.no_padding()
+    text.configure_tokenizer(tokenizer, max_length)
     request = {text.TEXT_INPUT: np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)}
     (tokens,) = text.tokenize_requests(tokenizer, [request], text.pad_token_id(tokenizer),
                                        offsets=True)
@@ -175,8 +176,9 @@ def check_entities(name: str, folder: Path, model: Any, tokenizer: Any, runner: 
 
     Returns:
         One figure per strategy, and the texts left out: those over ``max_length`` tokens when
-        the reference's tokenizer has no limit (``model_max_length``) up to it, since
-        transformers would then send them whole and the model fail on them.
+        the reference's tokenizer has no limit within the model's positions
+        (``model_max_length``), since transformers would then send them whole and the model fail
+        on them (the served steps cut them at the positions).
 
     Raises:
         ParityError: listing every strategy whose entities differ.
@@ -185,7 +187,8 @@ def check_entities(name: str, folder: Path, model: Any, tokenizer: Any, runner: 
 
     reference_tokenizer = AutoTokenizer.from_pretrained(str(folder))
     left_out = []
-    if reference_tokenizer.model_max_length > max_length:
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and reference_tokenizer.model_max_length > positions:
         left_out = [t for t in texts if len(reference_tokenizer(t)["input_ids"]) > max_length]
         texts = [t for t in texts if t not in left_out]
     reference = reference_entities(model, reference_tokenizer, texts)

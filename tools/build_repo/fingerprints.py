@@ -14,6 +14,7 @@ from tools import cpu_isa
 from tools.build_repo import config as cfg
 from tools.files import sha256_file, sha256_tree
 from tools.manifest import ModelEntry, fingerprint, module_file, tool_versions
+from tools.build_repo.entity_parity import SERVED_MODULES
 from tools.build_repo.repository import backend_source
 from tools.build_repo.model_source import python_recipe_inputs, references
 from tools.build_repo.spec import (
@@ -105,7 +106,8 @@ def pytorch_inputs(
         modules[ref] = sha256_file(path)
     if model.recipe is not None and model.recipe.kind == TOKEN_CLASSIFIER:
         # its entity parity runs the served tokenizer and aggregation (entity_parity.py)
-        modules["pipeline_ops"] = sha256_tree(spec.backends / "pipeline_ops")
+        for name in SERVED_MODULES:
+            modules[f"pipeline_ops/{name}"] = sha256_file(spec.backends / "pipeline_ops" / name)
     weights, stats = _weights(spec, model, modules, previous)
     backend = None
     if target == "cpu":

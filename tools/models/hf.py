@@ -49,25 +49,12 @@ class TextEmbedder(nn.Module):
         return pooled / pooled.norm(p=2, dim=1, keepdim=True).clamp(min=1e-12)
 
 
-class SequenceClassifier(nn.Module):
-    """A ``*ForSequenceClassification`` model returning only its logits."""
+class Classifier(nn.Module):
+    """A ``*ForSequenceClassification`` model returning only its logits ``[batch, labels]``, or a
+    ``*ForTokenClassification`` one returning ``[batch, sequence, labels]``.
 
-    def __init__(self, classifier: nn.Module) -> None:
-        super().__init__()
-        self.classifier = classifier
-        self.token_types = _token_type_ids(classifier)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits ``[batch, labels]`` of token ids ``[batch, sequence]``."""
-        extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
-        return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
-
-
-class TokenClassifier(nn.Module):
-    """A ``*ForTokenClassification`` model returning only its per-token logits.
-
-    ``classifier`` is the transformers model itself (the build's entity parity hands it to
-    transformers' own token-classification pipeline).
+    ``classifier`` is the transformers model itself (a token classifier's entity parity hands it
+    to transformers' own token-classification pipeline).
     """
 
     def __init__(self, classifier: nn.Module) -> None:
@@ -76,7 +63,7 @@ class TokenClassifier(nn.Module):
         self.token_types = _token_type_ids(classifier)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits ``[batch, sequence, labels]`` of token ids ``[batch, sequence]``."""
+        """The logits of token ids ``[batch, sequence]``."""
         extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
         return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
 
@@ -128,7 +115,7 @@ def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
     hf_logging.set_verbosity_error()  # unused pooler weights and the like: not our concern here
     hf_logging.disable_progress_bar()
     if recipe.kind == TOKEN_CLASSIFIER:
-        return TokenClassifier(AutoModelForTokenClassification.from_pretrained(
+        return Classifier(AutoModelForTokenClassification.from_pretrained(
             str(folder.path), attn_implementation="eager")).eval()
     if recipe.kind in CLASSIFIER_KINDS:
         model = AutoModelForSequenceClassification.from_pretrained(
@@ -136,7 +123,7 @@ def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
         )
         if recipe.kind == "hf-cross-encoder":
             return PairScorer(model, recipe.activation).eval()
-        return SequenceClassifier(model).eval()
+        return Classifier(model).eval()
     encoder = AutoModel.from_pretrained(str(folder.path), attn_implementation="eager")
     return TextEmbedder(encoder, recipe.pooling, recipe.normalize).eval()
 

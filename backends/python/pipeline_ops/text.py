@@ -53,12 +53,22 @@ def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
         ValueError: ``max_length`` is too small to hold the special tokens and one token.
         FileNotFoundError: ``path`` does not exist.
     """
-    if max_length < 3:
-        raise ValueError(f"max_length must be at least 3 tokens, got {max_length}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist")
-    tokenizer = Tokenizer.from_file(str(path))
+    return configure_tokenizer(Tokenizer.from_file(str(path)), max_length)
+
+
+def configure_tokenizer(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
+    """Set the served truncation (``max_length``, ``longest_first``) and no padding on
+    ``tokenizer``, as :func:`load_tokenizer` does (the build's checks use it on a tokenizer made
+    in memory).
+
+    Raises:
+        ValueError: ``max_length`` is too small to hold the special tokens and one token.
+    """
+    if max_length < 3:
+        raise ValueError(f"max_length must be at least 3 tokens, got {max_length}")
     tokenizer.enable_truncation(max_length=max_length, strategy="longest_first")
     tokenizer.no_padding()
     return tokenizer

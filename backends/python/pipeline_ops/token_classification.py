@@ -134,8 +134,8 @@ def _aggregate_word(tokens: list[Entity], aggregation: str, labels: Sequence[str
         scores = tokens[0]["scores"]
     elif aggregation == "max":
         scores = max(tokens, key=lambda t: t["scores"].max())["scores"]
-    else:  # average
-        scores = np.nanmean(np.stack([t["scores"] for t in tokens]), axis=0)
+    else:  # average: as the reference's np.nanmean (the same float32 sum and division)
+        scores = np.stack([t["scores"] for t in tokens]).mean(axis=0)
     best = int(scores.argmax())
     return {"entity": labels[best], "score": scores[best],
             "word": view.decode([t["word"] for t in tokens]),
@@ -150,8 +150,11 @@ def _tag(label: str) -> tuple[str, str]:
 
 
 def _group(entities: list[Entity], view: TokenizerView) -> Entity:
+    # the mean of the scores (the reference's np.nanmean, ten times slower per call; scores of
+    # finite logits are never NaN)
+    scores = [float(e["score"]) for e in entities]
     return {"entity_group": entities[0]["entity"].split("-", 1)[-1],
-            "score": np.mean(np.nanmean([e["score"] for e in entities])),
+            "score": sum(scores) / len(scores),
             "word": view.decode([e["word"] for e in entities]),
             "start": entities[0]["start"], "end": entities[-1]["end"]}
 
