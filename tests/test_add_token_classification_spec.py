@@ -170,3 +170,11 @@ def test_int8_is_refused_for_per_token_logits_with_the_reason(tmp_path):
                                         r"\[batch, N\]\) for its quality gate; this model has "
                                         r"\[\"logits float32 \['batch', 'sequence', 9\]\"\]"):
         load_spec(spec_path)
+
+
+def test_the_served_postprocess_takes_every_strategy_tools_add_offers():
+    from pipeline_ops import token_classification
+
+    from tools.models.hf_folder import AGGREGATIONS
+
+    assert token_classification.AGGREGATIONS == AGGREGATIONS

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from tools import paths
 from tools.errors import ModelSourceError, UserInputError
+from tools.models.hf_folder import AGGREGATIONS
 
 if TYPE_CHECKING:
     from tools.models.hf_folder import HfFolder
@@ -40,7 +41,6 @@ ADMISSION = "admission_max_pending: 64, admission_max_wait_ms: 500"
 TOKENIZER_PREFERRED_BATCH = 8
 GPU_INSTANCES = "gpu: {count: 2, gpus: [0]}"
 SPAN_OUTPUTS = ("offsets", "special_tokens_mask")  # the tokenizer's, for token classification
-AGGREGATIONS = ("none", "simple", "first", "average", "max")  # transformers' pipeline's
 
 
 @dataclass
@@ -403,14 +403,6 @@ def hf_cross_encoder(folder_path: Path, name: str, spec_dir: Path, cores: int,
     return entries
 
 
-ENTITY_MEANING = {
-    "none": "ENTITIES: per text, a UTF-8 JSON array of its tokens' entities {entity, score, "
-            "index, word, start, end}",
-    "grouped": "ENTITIES: per text, a UTF-8 JSON array of its entities {entity_group, score, "
-               "word, start, end}",
-}
-
-
 def hf_token_classification(folder_path: Path, name: str, spec_dir: Path, cores: int,
                             aggregation: str = "simple") -> Entries:
     """A token classifier (per-token logits), a tokenizer that keeps each token's character
@@ -463,7 +455,9 @@ def hf_token_classification(folder_path: Path, name: str, spec_dir: Path, cores:
     {files}
 {_step_settings(1, 1)}""", f"{aggregation} aggregation of {count} labels {labels[:4]}"
                            f"{' ...' if count > 4 else ''}")
-    meaning = ENTITY_MEANING["none" if aggregation == "none" else "grouped"]
+    fields = ("{entity, score, index, word, start, end} per token" if aggregation == "none"
+              else "{entity_group, score, word, start, end} per entity")
+    meaning = f"ENTITIES: per text, a UTF-8 JSON array of {fields}"
     _text_pipeline(entries, name, step, f"""\
       - model: {name}_classifier
         inputs: {_same_names(step.encodes)}

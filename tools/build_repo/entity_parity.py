@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from tools.errors import ParityError
+from tools.models.hf_folder import AGGREGATIONS
 
-AGGREGATIONS = ("none", "simple", "first", "average", "max")
 # The served modules of pipeline_ops this check runs (hashed into the classifier's export key).
 SERVED_MODULES = ("batching.py", "errors.py", "text.py", "token_classification.py")
 # One text per family the served offsets must get right; the last one is over every length

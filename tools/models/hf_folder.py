@@ -22,6 +22,8 @@ KINDS = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder",
 # Kinds whose folder holds a *ForSequenceClassification model.
 CLASSIFIER_KINDS = ("hf-sequence-classification", "hf-cross-encoder")
 TOKEN_CLASSIFIER = "hf-token-classification"  # a *ForTokenClassification model
+# How transformers' token-classification pipeline turns tokens into entities (aggregation_strategy).
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
 # Kinds whose config.json must name labels (id2label or num_labels).
 LABELLED_KINDS = (*CLASSIFIER_KINDS, TOKEN_CLASSIFIER)
 _ARCHITECTURE_SUFFIX = {"hf-sequence-classification": "ForSequenceClassification",

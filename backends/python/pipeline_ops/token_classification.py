@@ -23,8 +23,8 @@ from .batching import Prepared, run_batched
 from .errors import ConfigurationError, InvalidInput
 from .text import TEXT_INPUT, decode_texts
 
+# transformers' aggregation strategies (tools.models.hf_folder.AGGREGATIONS: tools add offers them)
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
-WORD_AGGREGATIONS = ("first", "average", "max")  # a word's tokens get one label
 IDS, LOGITS, OFFSETS, SPECIAL = "input_ids", "logits", "offsets", "special_tokens_mask"
 INPUTS = (TEXT_INPUT, IDS, LOGITS, OFFSETS, SPECIAL)
 OUTPUT = "entities"
