@@ -246,11 +246,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def compare():
-    """``scripts/compare_servers.py`` imported as a module (it is a script, not a package)."""
+    """``benchmarks/compare_servers.py`` imported as a module (it is a script, not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "compare_servers", REPO_ROOT / "scripts" / "compare_servers.py"
+        "compare_servers", REPO_ROOT / "benchmarks" / "compare_servers.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""``scripts/chaos_soak.py``: its accounting (kill windows, RSS, restart counts) and a short run.
+"""``benchmarks/chaos_soak.py``: its accounting (kill windows, RSS, restart counts) and a short run.
 
 The short run is the soak of the README's reliability figures cut to one minute and one kill,
 on the toy repository plus an ensemble, through a real ``tools serve``.
@@ -18,7 +18,7 @@ import pytest
 from tools.stats import Record
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "chaos_soak.py"
+SCRIPT = ROOT / "benchmarks" / "chaos_soak.py"
 _spec = importlib.util.spec_from_file_location("chaos_soak", SCRIPT)
 chaos = importlib.util.module_from_spec(_spec)
 sys.modules["chaos_soak"] = chaos  # its dataclasses look their module up there

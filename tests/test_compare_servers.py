@@ -1,4 +1,4 @@
-"""Tests of scripts/compare_servers.py without servers: arguments, record maths, run bounds."""
+"""Tests of benchmarks/compare_servers.py without servers: arguments, record maths, run bounds."""
 
 from __future__ import annotations
 

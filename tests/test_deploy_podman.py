@@ -12,9 +12,7 @@
 
 Podman 4.3 runs no readiness probe and runs the liveness probe only as a healthcheck nobody
 triggers here (no systemd), so the tests exec the rendered probe commands in the container and
-assert their exit codes over time (tools/deploy/podman_play.py has the other adaptations).
-Pod create -> ready, artifact against the in-pod build, is measured by
-scripts/kube_play_startup.py, not here.
+assert their exit codes over time (tests/podman_helpers.py has the other adaptations).
 """
 
 from __future__ import annotations
@@ -32,9 +30,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from podman_helpers import CONTAINERS_CONF, Pod
 from tools.deploy import manifests
 from tools.deploy.artifact import ArtifactRecord, package
-from tools.deploy.podman_play import CONTAINERS_CONF, Pod
 from tools.deploy.render import render_k8s
 from tools.net import free_ports
 

@@ -329,7 +329,7 @@ class CpuSpec:
         None,
         description="With `runtime: openvino` and `optimize: int8`: NNCF's SmoothQuant strength "
         "for MatMuls, in [0, 1] (-1: off); default the transformer preset's (0.95). Chosen on the "
-        "quality set's tune part (`scripts/ov_int8_families.py`).",
+        "quality set's tune part (held-out texts kept apart).",
     )
     runtime: Literal["onnxruntime", "openvino"] = Field(
         "onnxruntime",

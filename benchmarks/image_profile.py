@@ -1,6 +1,6 @@
 """Where the image pipeline's time goes, and what JPEG draft-mode decoding gains (top-5 checked).
 
-Usage: python scripts/image_profile.py --repository model_repository [--megapixels 12] [--repeats 15]
+Usage: python benchmarks/image_profile.py --repository model_repository [--megapixels 12] [--repeats 15]
        [--draft-factor 2] [--no-served]
 
 Photos: scikit-image's real photos (the two large JPEGs as they are, the others re-encoded as

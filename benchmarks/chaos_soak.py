@@ -1,8 +1,8 @@
 """Chaos soak: text, image and bad requests at half capacity through ``tools serve`` while a
 Python stub is killed every 2 minutes; exits 1 when a target is missed.
 
-    python scripts/chaos_soak.py --repository model_repository            # 30 minutes
-    python scripts/chaos_soak.py --repository R --minutes 1 --kill-every 20 --warmup-s 10
+    python benchmarks/chaos_soak.py --repository model_repository            # 30 minutes
+    python benchmarks/chaos_soak.py --repository R --minutes 1 --kill-every 20 --warmup-s 10
 
 Works on any repository: the models clients call (those no ensemble uses as a step) get valid
 requests made from their configs (string inputs named like ``IMAGE`` get the shipped photos,

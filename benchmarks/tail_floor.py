@@ -1,4 +1,4 @@
-"""The tail ratio the queue alone would give: no other process on the cores (docs/cpu-speed.md).
+"""The tail ratio the queue alone would give: no other process on the cores (docs/performance.md, tail ratio).
 
 Each text's own time is measured in this process as one served encoder instance computes it (the
 served tokenizer + encoder with the instance's intra-op threads, one request at a time, the
@@ -7,7 +7,7 @@ text every 1/r s in the shipped order, r being half of what those instances coul
 of that over the P99 of the texts alone is the tail ratio of a machine whose cores ran nothing
 but the encoders. What `tools bench` measures above it is contention and noise.
 
-usage: python scripts/tail_floor.py [PIPELINE ...]   (default: the three text pipelines;
+usage: python benchmarks/tail_floor.py [PIPELINE ...]   (default: the three text pipelines;
        run from the project root with the built model_repository, nothing else running)
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Run a rendered Deployment with ``podman kube play`` on this machine (tests, measurements).
+"""Run a rendered Deployment with ``podman kube play`` on this machine (the pod tests and
+benchmarks/kube_play_startup.py).
 
 Podman 4.3 is not a kubelet. ``adapt`` changes a copy of the rendered Deployment only where
 Podman lacks a kubelet feature, each change said below; the rendered files themselves are the

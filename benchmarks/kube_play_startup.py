@@ -1,6 +1,6 @@
 """Pod create -> ready under `podman kube play`: the artifact render against the in-pod build.
 
-    .venv/bin/python scripts/kube_play_startup.py [--rounds N]
+    .venv/bin/python benchmarks/kube_play_startup.py [--rounds N]
 
 Needs Podman and the CPU images (scripts/compose-images.sh) and a built cpu repository in
 build/model_repositories/cpu (packaged here with `tools deploy package`, reused when its tag
@@ -24,8 +24,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the pod tests' podman kube play harness
+from podman_helpers import CONTAINERS_CONF, Pod  # noqa: E402
 from tools.deploy.artifact import package  # noqa: E402
-from tools.deploy.podman_play import CONTAINERS_CONF, Pod  # noqa: E402
 from tools.deploy.render import render_k8s  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Side-by-side: this project's text_embedding vs PyTriton vs FastAPI, one run, one load generator.
 
-usage: python scripts/compare_servers.py [--repository BUILT] [--concurrency 32] [--rounds 1]
+usage: python benchmarks/compare_servers.py [--repository BUILT] [--concurrency 32] [--rounds 1]
                                          [--duration 20] [--warmup 5] [--servers ...] [--no-grpc]
 
 Every server gets the same texts (loadtests/data/texts.txt, sent in order, cycling), one text per
