@@ -1,20 +1,24 @@
 """Shared fixtures: real tritonservers on free loopback ports, the built repository, GPU skips.
 
 A failing test that used a server gets the tail of that server's log in its report. Every test
-without a heavy marker or fixture is marked ``fast`` (tests/tier_helpers.py), and fails if it
-starts a real server, Locust or torch.
+is marked with its tier (tests/tier_helpers.py): ``system`` when it says so, ``fast`` without a
+heavy marker or fixture (it fails if it starts a real server, Locust or torch), ``integration``
+otherwise (it fails if it does what the system tier is for). With ``FORGE_TEST_DURATIONS`` set to
+a file, each test's seconds (setup, call and teardown) are appended to it, slowest first.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tier_helpers import FAST, LIGHT_SUBPROCESS, TierGuard, is_fast, names_torch
+from tier_helpers import FAST, INTEGRATION, LIGHT_SUBPROCESS, TIERS, TierGuard, names_torch, tier_of
 from tools.serve.server import EmbeddedServer, resolve_binary
 from waits import STARTED_FILE_ENV
 
@@ -69,9 +73,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             and names_torch(getattr(item, "function", None)):
         findings.append("its code names torch (marker: torch)")
     if findings and report.when in ("setup", "call") and report.passed:
+        tier = FAST if item.get_closest_marker(FAST) is not None else INTEGRATION
         report.outcome = "failed"
-        report.longrepr = ("a fast test must not do this (give it the marker named):\n  "
-                           + "\n  ".join(dict.fromkeys(findings)))
+        report.longrepr = (f"a{'n' if tier == INTEGRATION else ''} {tier} test must not do this "
+                           "(give it the marker named):\n  " + "\n  ".join(dict.fromkeys(findings)))
     setattr(item, f"rep_{report.when}", report)
     if report.failed and report.when in ("setup", "call"):
         for server in _servers_of(item):
@@ -94,12 +99,14 @@ _FINDINGS = pytest.StashKey[list]()
 
 
 def _watched(item: pytest.Item):
-    """Run one phase of ``item`` under the tier guard when it is fast; keep what it found."""
-    if item.get_closest_marker(FAST) is None:
+    """Run one phase of ``item`` under the tier guard unless it is a system test; keep what it
+    found."""
+    tier = next((t for t in (FAST, INTEGRATION) if item.get_closest_marker(t) is not None), None)
+    if tier is None:
         yield
         return
     light = item.get_closest_marker(LIGHT_SUBPROCESS)
-    with _TIER_GUARD.watching(light_subprocess=light is not None) as findings:
+    with _TIER_GUARD.watching(tier, light_subprocess=light is not None) as findings:
         yield
     if light is not None and not (light.args or light.kwargs.get("reason")):
         findings.append(f"{LIGHT_SUBPROCESS} without the reason its child stops before any export")
@@ -108,13 +115,14 @@ def _watched(item: pytest.Item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
-    """Fixtures of a fast test (module and session ones too) run under the tier guard."""
+    """Fixtures of a fast or integration test (module and session ones too) run under the tier
+    guard."""
     yield from _watched(item)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """A fast test's body runs under the tier guard."""
+    """A fast or integration test's body runs under the tier guard."""
     yield from _watched(item)
 
 
@@ -231,10 +239,10 @@ def _gpu_missing() -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the fast tier; skip tests marked ``gpu`` on machines without a GPU and TensorRT."""
+    """Mark each test's tier; skip tests marked ``gpu`` on machines without a GPU and TensorRT."""
     for item in items:
-        if is_fast({m.name for m in item.iter_markers()}, getattr(item, "fixturenames", ())):
-            item.add_marker(FAST)
+        markers = {m.name for m in item.iter_markers()}
+        item.add_marker(tier_of(markers, getattr(item, "fixturenames", ())))
     missing = _gpu_missing()
     if not missing:
         return
@@ -255,3 +263,23 @@ def compare():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+_DURATIONS: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each test's setup, call and teardown seconds (for ``FORGE_TEST_DURATIONS``)."""
+    _DURATIONS[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Append every test's seconds, slowest first, to the ``FORGE_TEST_DURATIONS`` file."""
+    path = os.environ.get("FORGE_TEST_DURATIONS")
+    if not path or not _DURATIONS:
+        return
+    tiers = {item.nodeid: next((t for t in TIERS if item.get_closest_marker(t)), "?")
+             for item in session.items}
+    with open(path, "a", encoding="utf-8") as out:
+        for nodeid, seconds in sorted(_DURATIONS.items(), key=lambda kv: -kv[1]):
+            out.write(f"{seconds:9.2f} s  {tiers.get(nodeid, '?'):<11}  {nodeid}\n")

@@ -109,6 +109,7 @@ _ENSEMBLE = (ROOT / "tests" / "test_reliability_recovery.py").read_text().split(
 _ENSEMBLE = _ENSEMBLE.split('"""')[0]
 
 
+@pytest.mark.system
 @pytest.mark.reliability
 @pytest.mark.server
 def test_a_one_minute_chaos_soak_with_one_kill_loses_nothing_outside_the_kill_window(

@@ -58,6 +58,7 @@ def _images() -> tuple[str, str] | None:
 
 IMAGES = _images()
 pytestmark = [
+    pytest.mark.system,  # a pod of the CPU images under podman kube play
     pytest.mark.server,
     pytest.mark.timeout(START_TIMEOUT_S + 600),
     pytest.mark.skipif(

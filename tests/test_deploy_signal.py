@@ -35,6 +35,7 @@ IDLE_WAIT_S = 120.0  # the rate window (1m) plus scrape and evaluation delays
 CURRENT_REPLICAS = 2  # the HPA's minReplicas
 
 pytestmark = [
+    pytest.mark.system,  # a 45 s load and a 2-minute wait for the rate window
     pytest.mark.server,
     pytest.mark.load,
     pytest.mark.timeout(600),

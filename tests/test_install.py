@@ -28,7 +28,7 @@ from tests.install_helpers import WEIGHTS, write_tiny_onnx
 from tools._wheel_data import PACKAGED, project_files
 from tools import paths
 
-pytestmark = [pytest.mark.install]
+pytestmark = [pytest.mark.system, pytest.mark.install]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO_ROOT / "scripts" / "constraints-cpu.txt"
 # Measured on the shared 2-core machine (load average 15-18): see docs/install.md.

@@ -1,4 +1,4 @@
-"""The test tiers' own helpers: which tests are fast, what the guard catches, and the waits."""
+"""The test tiers' own helpers: which tier a test is in, what the guard catches, and the waits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tier_helpers import FAST, heavy_command, is_fast, names_torch
+from tier_helpers import (FAST, INTEGRATION, SYSTEM, heavy_command, is_fast, names_torch,
+                          system_command, tier_of)
 from waits import WaitTimeout, read_by_peer, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +25,35 @@ def test_a_test_is_fast_unless_a_heavy_marker_or_fixture_says_otherwise():
     assert not is_fast(set(), ["built_repository"])
 
 
-def test_this_module_is_in_the_fast_tier(request):
+def test_a_test_is_system_when_marked_so_whatever_else_it_needs_and_integration_otherwise():
+    assert tier_of({"system", "server", "torch"}, ["triton_server"]) == SYSTEM
+    assert tier_of({"install"}, []) == SYSTEM  # the wheel in a fresh venv
+    assert tier_of({"server"}, []) == INTEGRATION
+    assert tier_of(set(), ["built_repository"]) == INTEGRATION
+    assert tier_of({"timeout"}, ["tmp_path"]) == FAST
+
+
+def test_this_module_is_in_the_fast_tier_and_in_no_other(request):
     assert request.node.get_closest_marker(FAST) is not None
+    assert request.node.get_closest_marker(INTEGRATION) is None
+    assert request.node.get_closest_marker(SYSTEM) is None
+
+
+def test_the_integration_guard_names_installs_venvs_pods_soaks_and_long_tune_budgets():
+    python = sys.executable
+    assert "marker: system" in system_command([python, "-m", "pip", "install", "x.whl"])
+    assert "marker: system" in system_command(["/v/bin/pip", "install", "-r", "req.txt"])
+    assert "marker: system" in system_command([python, "-m", "venv", "/tmp/v"])
+    assert "marker: system" in system_command(["podman", "kube", "play", "d.yaml"])
+    assert "marker: system" in system_command([python, "benchmarks/chaos_soak.py", "--minutes", "1"])
+    assert "3-minute budget" in system_command(
+        [python, "-m", "tools.cli", "tune", "--scenario", "s", "--budget-minutes", "3"])
+
+    assert system_command([python, "-m", "tools.cli", "tune", "--budget-minutes", "0.5"]) is None
+    assert system_command([python, "-m", "pip", "download", "idna"]) is None
+    assert system_command([python, "-m", "pip", "install", "--help"]) is None
+    assert system_command(["podman", "image", "exists", "x"]) is None
+    assert system_command(["tools", "serve", "--repository", "r"]) is None
 
 
 def test_the_guard_names_real_servers_locust_and_heavy_tools_commands(tmp_path):

@@ -222,6 +222,7 @@ def _stop(project: Path, env: dict[str, str]) -> None:
                        cwd=project, env=env, capture_output=True, timeout=120, check=False)
 
 
+@pytest.mark.system
 @pytest.mark.torch
 @pytest.mark.server
 @pytest.mark.load
