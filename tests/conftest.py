@@ -142,6 +142,16 @@ def toy_repository() -> Path:
     return TOY_REPOSITORY
 
 
+@pytest.fixture(scope="session")
+def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """One embedded tritonserver on the toy repository for the session, for tests that only
+    read from it (answers, probes, metrics, loads); a test that kills, stops or restarts a
+    server, or needs ``toy_started``, starts its own with ``server_factory``."""
+    log_path = tmp_path_factory.mktemp("toy-server") / "tritonserver.log"
+    with EmbeddedServer(TOY_REPOSITORY, log_path=log_path, exit_timeout_s=5) as server:
+        yield server
+
+
 @pytest.fixture
 def toy_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The file toy_double appends a line to per request it starts executing, in servers

@@ -169,15 +169,10 @@ def test_loadtest_with_users_and_report_dir_fails_as_with_concurrency_and_output
 
 @pytest.mark.server
 @pytest.mark.timeout(300)
-def test_infer_protocol_grpc_with_url_answers_as_with_grpc_url(toy_repository, tmp_path):
-    from tools.serve.server import EmbeddedServer
-
-    with EmbeddedServer(toy_repository, log_path=tmp_path / "tritonserver.log",
-                        exit_timeout_s=5) as server:
-        base = ["infer", "toy_double", "--input", "INPUT0=[1.5,2.0]", "--protocol", "grpc",
-                "--json"]
-        new = CliRunner().invoke(cli, [*base, "--grpc-url", server.grpc_url])
-        old = CliRunner().invoke(cli, [*base, "--url", server.grpc_url])
+def test_infer_protocol_grpc_with_url_answers_as_with_grpc_url(toy_server):
+    base = ["infer", "toy_double", "--input", "INPUT0=[1.5,2.0]", "--protocol", "grpc", "--json"]
+    new = CliRunner().invoke(cli, [*base, "--grpc-url", toy_server.grpc_url])
+    old = CliRunner().invoke(cli, [*base, "--url", toy_server.grpc_url])
     assert new.exit_code == old.exit_code == 0, (new.output, old.output)
     assert "note: tools infer --protocol grpc --url is now --grpc-url" in old.output
     answers = [json.loads(r.output.strip().splitlines()[-1])["outputs"] for r in (old, new)]

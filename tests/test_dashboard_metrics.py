@@ -173,8 +173,8 @@ def test_failures_are_broken_down_by_reason(dashboard):
 
 
 @pytest.mark.server
-def test_every_dashboard_metric_is_one_triton_exports(dashboard, server_factory, toy_repository):
-    server = server_factory(toy_repository)
+def test_every_dashboard_metric_is_one_triton_exports(dashboard, toy_server):
+    server = toy_server
     body = json.dumps({"inputs": [
         {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["metrics"]}]}).encode()
     request = urllib.request.Request(f"http://{server.http_url}/v2/models/toy_text/infer",

@@ -1,7 +1,7 @@
 """``tools infer`` against the toy repository over HTTP and gRPC, plus its input building.
 
-The server-backed tests share one embedded server for the module; the input-building tests
-need no server.
+The server-backed tests share the session's toy server (tests/conftest.py); the input-building
+tests need no server.
 """
 
 from __future__ import annotations
@@ -25,13 +25,6 @@ from tools.infer import ServedModel, ServedTensor, build_inputs
 from tools.serve.server import EmbeddedServer
 
 PROTOCOLS = ["http", "grpc"]
-
-
-@pytest.fixture(scope="module")
-def toy_server(toy_repository, tmp_path_factory):
-    log = tmp_path_factory.mktemp("infer-server") / "tritonserver.log"
-    with EmbeddedServer(toy_repository, log_path=log, exit_timeout_s=5) as server:
-        yield server
 
 
 def _infer(server: EmbeddedServer, protocol: str, *args: str):

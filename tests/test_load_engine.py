@@ -6,7 +6,6 @@ apart, and the window rule decides what a point counts; on every sender.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,15 +15,7 @@ from tools.load import (Background, ClosedLoop, OpenLoop, Request, TritonStats, 
                         sender_for, text_requests)
 from tools.serve.server import EmbeddedServer
 
-TOY = Path(__file__).parent / "fixtures" / "toy_repository"
 PROTOCOLS = ("grpc", "http", "raw-http")
-
-
-@pytest.fixture(scope="module")
-def toy_server(tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("load-engine") / "tritonserver.log"
-    with EmbeddedServer(TOY, log_path=log, exit_timeout_s=5) as server:
-        yield server
 
 
 def _url(server: EmbeddedServer, protocol: str) -> str:

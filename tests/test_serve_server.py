@@ -1,6 +1,8 @@
 """The embedded tritonserver, for real: answers, loopback only, refusals with the server's reasons.
 
-Every test starts its own server on the toy repository (tests/fixtures/toy_repository).
+Tests that only read (answers, readiness, ports, metrics, probes) share the session's server on
+the toy repository (tests/fixtures/toy_repository); tests that kill, stop, break or crowd a
+server start their own.
 """
 
 from __future__ import annotations
@@ -74,10 +76,8 @@ def _listening_addresses(port: int) -> set[str]:
     }
 
 
-def test_server_doubles_input_over_http_and_grpc_when_toy_repository_served(
-    server_factory, toy_repository
-):
-    server = server_factory(toy_repository)
+def test_server_doubles_input_over_http_and_grpc_when_toy_repository_served(toy_server):
+    server = toy_server
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
 
     http = httpclient.InferenceServerClient(server.http_url)
@@ -97,24 +97,24 @@ def test_server_doubles_input_over_http_and_grpc_when_toy_repository_served(
 
 
 def test_server_reports_every_model_of_the_repository_ready_after_start(
-    server_factory, toy_repository
+    toy_server, toy_repository
 ):
-    server = server_factory(toy_repository)
+    server = toy_server
 
     expected = sorted(p.name for p in toy_repository.iterdir() if (p / "config.pbtxt").exists())
     assert server.models == expected
     assert set(server.control.stub_processes()) == {f"{name}_0_0" for name in expected}
 
 
-def test_server_listens_only_on_loopback(server_factory, toy_repository):
-    server = server_factory(toy_repository)
+def test_server_listens_only_on_loopback(toy_server):
+    server = toy_server
 
     for url in (server.http_url, server.grpc_url, server.metrics_url):
         assert _listening_addresses(int(url.rsplit(":", 1)[1])) == {LOOPBACK}
 
 
-def test_metrics_endpoint_serves_prometheus_text(server_factory, toy_repository):
-    server = server_factory(toy_repository)
+def test_metrics_endpoint_serves_prometheus_text(toy_server):
+    server = toy_server
 
     with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as resp:
         body = resp.read().decode()
@@ -122,10 +122,8 @@ def test_metrics_endpoint_serves_prometheus_text(server_factory, toy_repository)
     assert "nv_inference_request_success" in body
 
 
-def test_admin_repository_api_is_refused_without_the_servers_admin_header(
-    server_factory, toy_repository
-):
-    server = server_factory(toy_repository)
+def test_admin_repository_api_is_refused_without_the_servers_admin_header(toy_server):
+    server = toy_server
     url = f"http://{server.http_url}/v2/repository/index"
 
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -225,8 +223,8 @@ def test_start_raises_naming_pending_models_when_loading_exceeds_the_timeout(
     assert _processes_using(repo) == []
 
 
-def test_health_check_answers_ok_for_every_model_when_all_stubs_run(server_factory, toy_repository):
-    server = server_factory(toy_repository)
+def test_health_check_answers_ok_for_every_model_when_all_stubs_run(toy_server):
+    server = toy_server
 
     report = health_check(server)
 
@@ -235,11 +233,9 @@ def test_health_check_answers_ok_for_every_model_when_all_stubs_run(server_facto
     assert report.healthy and report.problems == []
 
 
-def test_health_check_fails_a_model_that_answers_its_probe_with_an_error(
-    server_factory, toy_repository
-):
+def test_health_check_fails_a_model_that_answers_its_probe_with_an_error(toy_server):
     """One definition of alive: an error answer to the probe is a failure, not a sign of life."""
-    server = server_factory(toy_repository)
+    server = toy_server
     empty_text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
 
     with pytest.raises(ServerError) as info:
@@ -279,10 +275,8 @@ def test_stop_leaves_no_tritonserver_or_stub_process(server_factory, toy_reposit
     assert [pid for pid in pids if _alive(pid)] == []
 
 
-def test_backend_directory_of_a_running_server_is_outside_site_packages(
-    server_factory, toy_repository
-):
-    server = server_factory(toy_repository)
+def test_backend_directory_of_a_running_server_is_outside_site_packages(toy_server):
+    server = toy_server
     cmdline = psutil.Process(server.pid).cmdline()
 
     backend = Path(
@@ -380,10 +374,8 @@ def test_watch_returns_naming_the_instance_whose_python_stub_died(server_factory
     assert server.poll() is None  # Triton itself keeps running: the caller restarts it
 
 
-def test_watch_returns_after_consecutive_probe_failures_naming_the_model(
-    server_factory, toy_repository
-):
-    server = server_factory(toy_repository)
+def test_watch_returns_after_consecutive_probe_failures_naming_the_model(toy_server):
+    server = toy_server
     empty_text = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
 
     reason = server.watch(
