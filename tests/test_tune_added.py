@@ -3,7 +3,9 @@ only ``--p99-ms``, a pipeline whose Python step really refuses to load with two 
 (recorded infeasible with the server's reason, the search goes on), and an open-loop run.
 
 Real trials: each repackages the added models, starts an embedded tritonserver and loads it.
-Every run is bounded by its budget and by a subprocess timeout.
+Every run is bounded by its budget and by a subprocess timeout. The system tier: minutes of
+budgets. The same search, confirmation and results on recorded trials are the fast tier's
+tests/test_tune_recorded.py (tests/tune_helpers.py records these runs' specs again).
 """
 
 from __future__ import annotations
@@ -17,62 +19,13 @@ from pathlib import Path
 import pytest
 
 from tests.add_helpers import tiny_bert_folder
-from tests.scenario_helpers import linear_onnx, start_spec
+from tests.scenario_helpers import start_spec
+from tests.tune_helpers import built, picky_spec, scorer_spec
 from tools import paths
 from tools.add.command import add_model
 
-pytestmark = [pytest.mark.torch, pytest.mark.server, pytest.mark.load]
+pytestmark = [pytest.mark.system, pytest.mark.torch, pytest.mark.server, pytest.mark.load]
 SHORT = ["--warmup", "1", "--duration", "3"]
-
-# A Python step that refuses more than one instance when Triton loads it: a real load failure
-# a knob setting causes, with the model's own reason in the server's answer.
-PICKY_MODEL = '''
-import json
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        groups = json.loads(args["model_config"]).get("instance_group", [])
-        count = sum(int(g.get("count", 1)) for g in groups)
-        if count > 1:
-            raise pb_utils.TritonModelException(f"picky refuses {count} instances")
-
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "checked", pb_utils.get_input_tensor_by_name(r, "features").as_numpy())])
-            for r in requests]
-'''
-PICKY_ENTRIES = """
-python_models:
-  picky:
-    backend: picky
-    max_batch_size: 16
-    inputs:
-      - {name: features, dtype: float32, shape: [batch, 6]}
-    outputs:
-      - {name: checked, dtype: float32, shape: [batch, 6]}
-    dynamic_batching:
-      max_queue_delay_microseconds: 0
-      default_queue_policy: {max_queue_size: 64, default_timeout_microseconds: 1000000}
-    instances: {cpu: {count: 1}}
-
-pipelines:
-  picky_scorer:
-    max_batch_size: 16
-    inputs:
-      - {name: FEATURES, dtype: float32, shape: [batch, 6]}
-    outputs:
-      - {name: SCORES, dtype: float32, shape: [batch, 3]}
-    steps:
-      - model: picky
-        inputs: {features: FEATURES}
-        outputs: {checked: checked}
-      - model: scorer
-        inputs: {features: checked}
-        outputs: {scores: SCORES}
-"""
 
 
 def _tune(spec: Path, repository: Path, output: Path, *args: str,
@@ -83,14 +36,6 @@ def _tune(spec: Path, repository: Path, output: Path, *args: str,
         capture_output=True, text=True, timeout=timeout_s, cwd=paths.CHECKOUT)
 
 
-def _built(spec: Path) -> Path:
-    from tools.build_repo.pipeline import build_repository
-
-    repository = spec.parent / "repo"
-    build_repository(spec, repository, progress=False)
-    return repository
-
-
 @pytest.mark.timeout(900)
 def test_an_added_classifier_is_tuned_with_p99_ms_alone_in_three_minutes(tmp_path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,7 +44,7 @@ def test_an_added_classifier_is_tuned_with_p99_ms_alone_in_three_minutes(tmp_pat
               str(tiny_bert_folder(tmp_path / "clf", ["negative", "neutral", "positive"])),
               "clf3", spec)
     (tmp_path / "slo.yaml").unlink()  # --p99-ms alone is enough
-    repository = _built(spec)
+    repository = built(spec)
     result = _tune(spec, repository, tmp_path / "out", "--scenario", "clf3", "--p99-ms", "800",
                    "--budget-minutes", "3", "--concurrency", "2,4", *SHORT, timeout_s=720)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -122,17 +67,8 @@ def test_an_added_classifier_is_tuned_with_p99_ms_alone_in_three_minutes(tmp_pat
 
 @pytest.mark.timeout(900)
 def test_a_trial_that_fails_to_load_is_infeasible_with_the_servers_reason(tmp_path):
-    backends = tmp_path / "backends"
-    backends.mkdir()
-    for entry in paths.BACKENDS.iterdir():
-        if entry.name != "__pycache__":
-            (backends / entry.name).symlink_to(entry)
-    (backends / "picky").mkdir()
-    (backends / "picky" / "model.py").write_text(PICKY_MODEL)
-    spec = start_spec(tmp_path, cpu_cores=1, backends=backends)  # the host has more
-    add_model("onnx", str(linear_onnx(tmp_path / "scorer.onnx")), "scorer", spec)
-    spec.write_text(spec.read_text() + PICKY_ENTRIES)
-    repository = _built(spec)
+    spec = picky_spec(tmp_path)  # cpu_cores 1: the host has more
+    repository = built(spec)
     result = _tune(spec, repository, tmp_path / "out", "--scenario", "picky_scorer",
                    "--p99-ms", "800", "--budget-minutes", "2", "--concurrency", "2",
                    "--warmup", "1", "--duration", "2", timeout_s=600)
@@ -154,9 +90,8 @@ def test_a_trial_that_fails_to_load_is_infeasible_with_the_servers_reason(tmp_pa
 
 @pytest.mark.timeout(600)
 def test_the_open_loop_records_rates_and_the_highest_one_met(tmp_path):
-    spec = start_spec(tmp_path)
-    add_model("onnx", str(linear_onnx(tmp_path / "scorer.onnx")), "scorer", spec)
-    repository = _built(spec)
+    spec = scorer_spec(tmp_path)
+    repository = built(spec)
     result = _tune(spec, repository, tmp_path / "out", "--scenario", "scorer", "--p99-ms", "800",
                    "--budget-minutes", "0.7", "--rate", "5,10", "--warmup", "1", "--duration",
                    "2", timeout_s=400)
