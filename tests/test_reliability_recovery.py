@@ -1,7 +1,8 @@
 """Per-model recovery (tools/serve/recovery.py): a dead Python stub reloads only its model.
 
 In the spirit of Triton's L0_lifecycle: real servers on the toy repository plus an ensemble,
-stubs SIGKILLed under load; the restart budget is also checked with a fake server.
+stubs SIGKILLed under load (the integration tier); the restart policy is also checked with a
+fake server (the fast tier).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from tools.serve.recovery import (
 )
 from waits import wait_until
 
-pytestmark = pytest.mark.reliability
 
 TOY = Path(__file__).parent / "fixtures" / "toy_repository"
 CLIENT_TIMEOUT_S = 10.0
@@ -119,6 +119,7 @@ def _ok(records) -> int:
     return sum(1 for r in list(records) if r.ok)
 
 
+@pytest.mark.reliability
 @pytest.mark.server
 def test_a_killed_stub_reloads_only_its_model_while_another_model_under_load_never_fails(
     server_factory, repository
@@ -153,6 +154,7 @@ def test_a_killed_stub_reloads_only_its_model_while_another_model_under_load_nev
                                               "next_retry_s": None, "reason": ""}
 
 
+@pytest.mark.reliability
 @pytest.mark.server
 def test_no_stub_of_a_reloaded_two_instance_model_runs_on_beside_its_replacement(
     server_factory, repository
@@ -192,6 +194,7 @@ def _ready(server, model: str) -> bool:
         return triton.is_model_ready(model)
 
 
+@pytest.mark.reliability
 @pytest.mark.server
 def test_a_model_that_keeps_crashing_backs_off_and_a_retry_brings_it_back_while_the_rest_serve(
     server_factory, repository
@@ -264,6 +267,7 @@ def _infer_double(server) -> list[float]:
         return [x / 2 for x in json.loads(response.read())["outputs"][0]["data"]]
 
 
+@pytest.mark.reliability
 @pytest.mark.server
 def test_tools_serve_retries_a_model_past_its_budget_and_reports_it_on_its_status_port(
     toy_repository, tmp_path
