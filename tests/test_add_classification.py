@@ -4,47 +4,28 @@ Three classifiers on all-MiniLM-L6-v2's real weights with seeded heads: single-l
 ``problem_type``, 3 labels: softmax), multi-label (``multi_label_classification``, 4 labels:
 sigmoid per label) and regression (1 label, no ``problem_type``: transformers'
 ``BertForSequenceClassification`` treats that as regression, so the raw output is served). Each
-is built, served, and compared with transformers over HTTP and gRPC.
+is built, served, and compared with transformers over HTTP and gRPC (the session's repository of
+every recipe, tests/add_helpers.py).
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from tests.add_helpers import PROTOCOLS, TEXTS, infer, minilm_classifier_folder, text_batch
-from tests.conftest import ServerFactory
+from tests.add_helpers import (CLASSIFIERS, PROTOCOLS, TEXTS, infer, minilm_classifier_folder,
+                               text_batch)
 from tools.add.command import add_model
 
 pytestmark = [pytest.mark.torch, pytest.mark.server, pytest.mark.timeout(1500)]
 SERVED_TEXTS = [*TEXTS, "Hello!", "Stock markets fell sharply on Monday. " * 40]  # last truncated
-FOLDERS = {  # pipeline -> (labels, problem_type)
-    "single": (3, None),
-    "multi": (4, "multi_label_classification"),
-    "regress": (1, None),
-}
 
 
 @pytest.fixture(scope="module")
-def classifiers(tmp_path_factory: pytest.TempPathFactory):
-    """The three folders added to one spec, built, and served by one server."""
-    from tools.build_repo.pipeline import build_repository
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("add_classification")
-    spec = root / "repository.yaml"
-    folders = {}
-    for seed, (name, (labels, problem)) in enumerate(FOLDERS.items()):
-        folders[name] = minilm_classifier_folder(root / name, labels, problem, seed=seed)
-        add_model("hf-sequence-classification", str(folders[name]), name, spec)
-    build_repository(spec, root / "repo", progress=False)
-    factory = ServerFactory(root)
-    try:
-        yield {"spec": spec, "folders": folders, "server": factory(root / "repo")}
-    finally:
-        factory.stop_all()
+def classifiers(added_models):
+    """The three heads in the session's repository of every recipe (one spec, one server)."""
+    return {"spec": added_models.spec, "server": added_models.server,
+            "folders": {name: added_models.sources[name] for name in CLASSIFIERS}}
 
 
 def _transformers_logits(folder, texts: list[str]) -> np.ndarray:

@@ -11,15 +11,12 @@ raw logit.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from tests.add_helpers import PROTOCOLS, infer_inputs, minilm_classifier_folder, text_batch
-from tests.conftest import ServerFactory
-from tools.add.command import add_model
+from tests.add_helpers import PROTOCOLS, infer_inputs, text_batch
 
 pytestmark = [pytest.mark.torch, pytest.mark.server, pytest.mark.timeout(1500)]
 PAIRS = [
@@ -32,23 +29,11 @@ PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def reranker(tmp_path_factory: pytest.TempPathFactory):
-    """The cross-encoder added twice (default activation, identity), built and served."""
-    from tools.build_repo.pipeline import build_repository
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("add_cross_encoder")
-    folder = minilm_classifier_folder(root / "cross-encoder", 1, seed=3)
-    spec = root / "repository.yaml"
-    add_model("hf-cross-encoder", str(folder), "rerank", spec)
-    add_model("hf-cross-encoder", str(folder), "rerank_raw", spec, activation="identity")
-    result = build_repository(spec, root / "repo", progress=False)
-    factory = ServerFactory(root)
-    try:
-        yield {"spec": spec, "folder": folder, "result": result,
-               "server": factory(root / "repo")}
-    finally:
-        factory.stop_all()
+def reranker(added_models):
+    """The cross-encoder added twice (default activation, identity) in the session's repository
+    of every recipe (one spec, one server)."""
+    return {"spec": added_models.spec, "folder": added_models.sources["rerank"],
+            "result": added_models.result, "server": added_models.server}
 
 
 def _pair_inputs(pairs) -> dict[str, np.ndarray]:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.add_helpers import tiny_bert_folder
-from tests.test_add_image import FACTORY_MODULE, MEAN, STD, _spec_and_labels
-from tests.test_add_onnx import _export_mlp
+from tests.add_helpers import FACTORY_MODULE, MEAN, STD, export_mlp, tiny_bert_folder
+from tests.test_add_image import _spec_and_labels
 from tools.add.command import add_model
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
@@ -43,7 +42,7 @@ def added(tmp_path_factory: pytest.TempPathFactory):
         add_model("hf-cross-encoder", str(tiny_bert_folder(root / "ce", ["score"])), "ce", spec)
         add_model("image-classification", "my_defaults_vision.cnn:build_model", "img", spec,
                   labels=labels, mean=",".join(map(str, MEAN)), std=",".join(map(str, STD)))
-        add_model("onnx", str(_export_mlp(root / "mlp.onnx", dynamic_batch=True)), "mlp", spec)
+        add_model("onnx", str(export_mlp(root / "mlp.onnx", dynamic_batch=True)), "mlp", spec)
     finally:
         sys.path.remove(str(root))
     return load_spec(spec)

@@ -13,23 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.add_helpers import PROTOCOLS, infer
+from tests.add_helpers import (FACTORY_MODULE, IMAGE_SETTINGS, MEAN, PROTOCOLS, STD, infer,
+                               labels_file)
 from tools.add.command import add_model
 from tools.errors import ModelSourceError, UserInputError
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
-FACTORY_MODULE = '''
-import torch
-
-
-def build_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(), torch.nn.Linear(8, {classes}),
-    ).eval()
-'''
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @pytest.fixture
@@ -47,9 +36,7 @@ def cnn_factory(tmp_path, monkeypatch) -> str:
 def _spec_and_labels(tmp_path: Path, count: int) -> tuple[Path, Path]:
     spec = tmp_path / "repository.yaml"
     spec.write_text("target: cpu\n")  # no backends: the installed ones
-    labels = tmp_path / "labels.txt"
-    labels.write_text("".join(f"class {i}\n" for i in range(count)))
-    return spec, labels
+    return spec, labels_file(tmp_path / "labels.txt", count)
 
 
 def test_labels_that_do_not_match_the_logits_are_refused_and_spec_unchanged(tmp_path, cnn_factory):
@@ -62,32 +49,27 @@ def test_labels_that_do_not_match_the_logits_are_refused_and_spec_unchanged(tmp_
 
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_cnn_is_added_built_served_and_answers(tmp_path, cnn_factory, server_factory, protocol):
+def test_cnn_is_added_built_served_and_answers(added_models, protocol):
+    """``shapes`` in the session's repository of every recipe: the CNN of ``FACTORY_MODULE``
+    added with its preprocessing as flags (64 px, shorter side 72, mean/std, BGR)."""
     import torch
     from PIL import Image
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "python"))
     from pipeline_ops import image as image_ops
 
-    from tools.build_repo.pipeline import build_repository
     from tools.build_repo.spec import resolve_reference
 
-    spec, labels = _spec_and_labels(tmp_path, 4)
-    add_model("image-classification", cnn_factory, "shapes", spec, labels=labels,
-              image_size=64, resize_shorter=72, mean=",".join(map(str, MEAN)),
-              std=",".join(map(str, STD)), channel_order="BGR")
-    build_repository(spec, tmp_path / "repo", progress=False)
-    server = server_factory(tmp_path / "repo")
     pixels = np.random.default_rng(1).integers(0, 255, size=(90, 120, 3), dtype=np.uint8)
     encoded = io.BytesIO()
     Image.fromarray(pixels).save(encoded, format="PNG")
-    answer = infer(server, protocol, "shapes", "IMAGE",
+    answer = infer(added_models.server, protocol, "shapes", "IMAGE",
                    np.array([[encoded.getvalue()]], dtype=object), ["CLASS_INDEX", "SCORE", "LABEL"])
-    settings = image_ops.PreprocessSettings(image_size=64, resize_shorter=72, mean=MEAN, std=STD,
-                                            channel_order="BGR")
+    settings = image_ops.PreprocessSettings(mean=MEAN, std=STD, **IMAGE_SETTINGS)
     reference_pixels = image_ops.preprocess(encoded.getvalue(), settings)
     with torch.no_grad():
-        logits = resolve_reference(cnn_factory)()(torch.from_numpy(reference_pixels[None]))
+        logits = resolve_reference(added_models.sources["shapes"])()(
+            torch.from_numpy(reference_pixels[None]))
     probabilities = torch.softmax(logits, dim=1).numpy()[0]
     order = np.argsort(-probabilities, kind="stable")
     assert answer["CLASS_INDEX"][0].tolist() == order.tolist()

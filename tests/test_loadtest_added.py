@@ -1,6 +1,7 @@
-"""``tools loadtest --scenario NAME`` on models a user adds: a CLS-pooling embedder, a 3-label
-classifier (tiny BERTs saved by the test), a raw ONNX graph of token ids and one of float
-features, each added with ``tools add``, built, served, and gated on the SLO ``tools add`` wrote.
+"""``tools loadtest --scenario NAME`` on models a user adds: a CLS-pooling embedder (``tiny``), a
+3-label classifier (``sentiment``; tiny BERTs saved by the test), a raw ONNX graph of token ids
+and one of float features, each added with ``tools add`` to the session's repository of every
+recipe (tests/add_helpers.py), built, served, and gated on the SLO ``tools add`` wrote.
 
 Every run is short (1 s warm-up + 3 s) and bounded twice: Locust's own hard timeout
 (``--timeout``) and the subprocess timeout around ``tools loadtest``.
@@ -10,48 +11,23 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.add_helpers import WORDS, save_tokenizer, tiny_bert_folder
-from tests.scenario_helpers import ids_onnx, linear_onnx, start_spec
+from tests.add_helpers import VOCABULARY
 from tools import paths
-from tools.add.command import add_model
 
 pytestmark = [pytest.mark.torch, pytest.mark.server, pytest.mark.load, pytest.mark.timeout(900)]
-LABELS = ["negative", "neutral", "positive"]
-VOCABULARY = len(WORDS) + 7
 RUN = ["--warmup", "1", "--duration", "3", "--timeout", "120"]
 
 
 @pytest.fixture(scope="module")
-def added(tmp_path_factory: pytest.TempPathFactory):
-    """A spec of four added models, built and served for the module."""
-    from tools.build_repo.pipeline import build_repository
-    from tools.serve.server import EmbeddedServer
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("loadtest_added")
-    spec = start_spec(root)
-    add_model("hf-text-embedding", str(tiny_bert_folder(root / "cls-embedder")), "cls_embedder",
-              spec, pooling="cls", normalize=False)
-    add_model("hf-sequence-classification", str(tiny_bert_folder(root / "clf", LABELS)), "clf3",
-              spec)
-    save_tokenizer(root / "ids")
-    add_model("onnx", str(ids_onnx(root / "ids" / "token_sum.onnx", VOCABULARY)), "token_sum",
-              spec)
-    add_model("onnx", str(linear_onnx(root / "scorer" / "scorer.onnx")), "scorer", spec)
-    build_repository(spec, root / "repo", progress=False)
-    server = EmbeddedServer(root / "repo", log_path=root / "tritonserver.log", exit_timeout_s=10)
-    server.start(timeout_s=300)
-    try:
-        yield {"root": root, "spec": spec, "server": server}
-    finally:
-        server.stop()
+def added(added_models):
+    """The session's repository of every recipe (tests/add_helpers.py), served."""
+    return {"root": added_models.root, "spec": added_models.spec, "server": added_models.server}
 
 
 def _loadtest(added, report: Path, *args: str) -> subprocess.CompletedProcess:
@@ -68,10 +44,10 @@ def _summary(report: Path, scenario: str, protocol: str) -> dict:
 
 
 def test_added_pipelines_pass_with_the_slo_tools_add_wrote(added, tmp_path):
-    result = _loadtest(added, tmp_path, "--scenario", "cls_embedder", "--scenario", "clf3")
+    result = _loadtest(added, tmp_path, "--scenario", "tiny", "--scenario", "sentiment")
     assert result.returncode == 0, result.stdout + result.stderr
     slo_file = added["root"] / "slo.yaml"
-    for scenario in ("cls_embedder", "clf3"):
+    for scenario in ("tiny", "sentiment"):
         for protocol in ("http", "grpc"):
             summary = _summary(tmp_path, scenario, protocol)
             (gated,) = summary["results"]

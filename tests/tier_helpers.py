@@ -34,7 +34,8 @@ SYSTEM_MARKERS = frozenset({SYSTEM, "install"})
 # The longest ``tools tune --budget-minutes`` an integration test may run (one short trial).
 INTEGRATION_TUNE_MINUTES = 1.0
 # Fixtures of tests/conftest.py that export models or start servers.
-HEAVY_FIXTURES = frozenset({"built_repository", "triton_server", "server_factory", "toy_server"})
+HEAVY_FIXTURES = frozenset({"built_repository", "triton_server", "server_factory", "toy_server",
+                            "added_models"})
 # ``tools`` subcommands that start a server, a load or an export ("--help", "--check" and
 # "--stop" runs are light and allowed); the ones that export only when they get that far.
 HEAVY_COMMANDS = frozenset({"serve", "loadtest", "bench", "tune", "build-repo", "add"})
