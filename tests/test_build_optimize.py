@@ -180,6 +180,9 @@ def test_onnx_runtime_dynamic_int8_of_the_real_minilm_is_fused_gated_and_served_
         assert (output / "minilm_encoder_int8" / "1" / name).is_file(), name
 
 
+# The system tier: minutes of NNCF quantization. The gate's refusals on synthetic variants are
+# the fast tier's (tests/test_quality_sets.py), a real int8 build that passes the integration's.
+@pytest.mark.system
 @pytest.mark.torch
 @pytest.mark.timeout(600)
 def test_the_issue_13_int8_recipe_is_refused_on_the_degenerate_family_and_not_written(

@@ -1,6 +1,8 @@
 """``tools tune`` end to end on the embedded server: a short budget, one concurrency level.
 
-Builds the pipeline's three models into a temporary baseline first (seconds); under a minute.
+The one real trial of the integration tier: the session's build of the project's spec is the
+baseline the trial repackages; under a minute. The search, the confirmation and the results on
+recorded trials: tests/test_tune_recorded.py; budgets of minutes: tests/test_tune_added.py.
 """
 
 from __future__ import annotations
@@ -11,20 +13,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools.build_repo.pipeline import build_repository
 from tools.cli import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = REPO_ROOT / "repository.yaml"
-MODELS = ["text_tokenizer", "minilm_encoder", "text_embedding"]
 
 
 @pytest.mark.torch
 @pytest.mark.server
 @pytest.mark.timeout(300)
-def test_a_trial_repackages_serves_and_measures_the_pipeline_end_to_end(tmp_path):
-    baseline = tmp_path / "baseline"
-    build_repository(SPEC, baseline, target="cpu", only=MODELS, progress=False)
+def test_a_trial_repackages_serves_and_measures_the_pipeline_end_to_end(built_repository, tmp_path):
+    baseline = built_repository  # read only: each trial repackages a snapshot of its models
     result = CliRunner().invoke(cli, [
         "tune", "--scenario", "text_embedding", "--protocol", "http", "--spec", str(SPEC),
         "--repository", str(baseline), "--output", str(tmp_path / "out"), "--budget-minutes", "0.5",
