@@ -22,17 +22,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from server_helpers import fake_tritonserver
 from tools import process
 from tools.errors import ServerError
 from tools.serve.health import health_check
-from tools.serve.server import (
-    ADMIN_HEADER,
-    HTTP_MAX_INPUT_SIZE,
-    LOOPBACK,
-    OPEN_ADMIN_ENV,
-    EmbeddedServer,
-)
+from tools.serve.server import ADMIN_HEADER, LOOPBACK
 from waits import wait_until
 
 pytestmark = pytest.mark.server
@@ -294,73 +287,6 @@ def test_backend_directory_of_a_running_server_is_outside_site_packages(toy_serv
         / "python"
         / "triton_python_backend_stub"
     ).exists()
-
-
-_fake_tritonserver = fake_tritonserver
-
-
-_RESTRICTING = ["--http-restricted-api", "--grpc-restricted-protocol"]
-
-
-@pytest.mark.parametrize(
-    "options",
-    [["--grpc-restricted-protocol"], ["--http-restricted-api"], []],
-    ids=["no-http-restriction", "no-grpc-restriction", "neither"],
-)
-def test_command_refuses_a_binary_that_would_leave_admin_apis_open(
-    toy_repository, tmp_path, monkeypatch, options
-):
-    monkeypatch.delenv(OPEN_ADMIN_ENV, raising=False)
-    binary = _fake_tritonserver(tmp_path, ["--model-repository", *options])
-    server = EmbeddedServer(toy_repository, binary=binary)
-
-    with pytest.raises(ServerError, match="admin APIs .* would be open to any caller") as caught:
-        server.command()
-
-    missing = [o for o in _RESTRICTING if o not in options]
-    assert f"has no {' / '.join(missing)}," in str(caught.value)
-    assert OPEN_ADMIN_ENV in str(caught.value)
-
-
-@pytest.mark.parametrize("how", ["argument", "environment"])
-def test_command_runs_with_open_admin_apis_only_when_the_caller_opts_out(
-    toy_repository, tmp_path, monkeypatch, how
-):
-    binary = _fake_tritonserver(tmp_path, ["--model-repository"])
-    if how == "environment":
-        monkeypatch.setenv(OPEN_ADMIN_ENV, "1")
-        server = EmbeddedServer(toy_repository, binary=binary)
-    else:
-        monkeypatch.delenv(OPEN_ADMIN_ENV, raising=False)
-        server = EmbeddedServer(toy_repository, binary=binary, allow_open_admin_apis=True)
-
-    cmd = server.command()
-
-    assert not any("restricted" in arg for arg in cmd)
-
-
-def test_command_bounds_http_input_size_like_compose_when_the_binary_supports_it(
-    toy_repository, tmp_path
-):
-    binary = _fake_tritonserver(tmp_path, [*_RESTRICTING, "--http-max-input-size"])
-
-    cmd = EmbeddedServer(toy_repository, binary=binary).command()
-
-    assert f"--http-max-input-size={HTTP_MAX_INPUT_SIZE}" in cmd
-    compose = (Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text()
-    assert f"--http-max-input-size={HTTP_MAX_INPUT_SIZE}" in compose
-
-
-def test_command_omits_the_input_size_bound_when_the_binary_lacks_the_option(
-    toy_repository, tmp_path
-):
-    binary = _fake_tritonserver(tmp_path, _RESTRICTING)
-
-    cmd = EmbeddedServer(toy_repository, binary=binary).command()
-
-    assert not any(arg.startswith("--http-max-input-size") for arg in cmd)
-    assert any(arg.startswith("--http-restricted-api=") for arg in cmd)
-    assert any(arg.startswith("--grpc-restricted-protocol=") for arg in cmd)
 
 
 def test_watch_returns_naming_the_instance_whose_python_stub_died(server_factory, toy_repository):

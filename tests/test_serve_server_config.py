@@ -1,7 +1,8 @@
 """The tritonserver flag list (tools/serve/server_config.py) and the compose service held to it.
 
 docker-compose.yml's triton command must use only flags of the list, and the security-relevant
-ones must agree with what the embedded server runs with. No server is started here.
+ones must agree with what the embedded server runs with; the command the embedded server builds
+follows the options its binary has. No server is started here (stand-in binaries answer --help).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.serve.server import EmbeddedServer
+from server_helpers import fake_tritonserver
+from tools.errors import ServerError
+from tools.serve.server import OPEN_ADMIN_ENV, EmbeddedServer
 from tools.serve.server_config import (
     ADMIN_HEADER,
     FLAGS,
@@ -151,3 +154,69 @@ def test_to_args_renders_values_switches_and_repeated_flags_in_field_order():
 def test_from_args_refuses_unknown_flags_and_bad_values_naming_the_flag(args, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         TritonServerConfig.from_args(args)
+
+
+# --- the command EmbeddedServer builds for a binary (stand-ins that list their options) ---
+
+_RESTRICTING = ["--http-restricted-api", "--grpc-restricted-protocol"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--grpc-restricted-protocol"], ["--http-restricted-api"], []],
+    ids=["no-http-restriction", "no-grpc-restriction", "neither"],
+)
+def test_command_refuses_a_binary_that_would_leave_admin_apis_open(
+    toy_repository, tmp_path, monkeypatch, options
+):
+    monkeypatch.delenv(OPEN_ADMIN_ENV, raising=False)
+    binary = fake_tritonserver(tmp_path, ["--model-repository", *options])
+    server = EmbeddedServer(toy_repository, binary=binary)
+
+    with pytest.raises(ServerError, match="admin APIs .* would be open to any caller") as caught:
+        server.command()
+
+    missing = [o for o in _RESTRICTING if o not in options]
+    assert f"has no {' / '.join(missing)}," in str(caught.value)
+    assert OPEN_ADMIN_ENV in str(caught.value)
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_command_runs_with_open_admin_apis_only_when_the_caller_opts_out(
+    toy_repository, tmp_path, monkeypatch, how
+):
+    binary = fake_tritonserver(tmp_path, ["--model-repository"])
+    if how == "environment":
+        monkeypatch.setenv(OPEN_ADMIN_ENV, "1")
+        server = EmbeddedServer(toy_repository, binary=binary)
+    else:
+        monkeypatch.delenv(OPEN_ADMIN_ENV, raising=False)
+        server = EmbeddedServer(toy_repository, binary=binary, allow_open_admin_apis=True)
+
+    cmd = server.command()
+
+    assert not any("restricted" in arg for arg in cmd)
+
+
+def test_command_bounds_http_input_size_like_compose_when_the_binary_supports_it(
+    toy_repository, tmp_path
+):
+    binary = fake_tritonserver(tmp_path, [*_RESTRICTING, "--http-max-input-size"])
+
+    cmd = EmbeddedServer(toy_repository, binary=binary).command()
+
+    assert f"--http-max-input-size={HTTP_MAX_INPUT_SIZE}" in cmd
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert f"--http-max-input-size={HTTP_MAX_INPUT_SIZE}" in compose
+
+
+def test_command_omits_the_input_size_bound_when_the_binary_lacks_the_option(
+    toy_repository, tmp_path
+):
+    binary = fake_tritonserver(tmp_path, _RESTRICTING)
+
+    cmd = EmbeddedServer(toy_repository, binary=binary).command()
+
+    assert not any(arg.startswith("--http-max-input-size") for arg in cmd)
+    assert any(arg.startswith("--http-restricted-api=") for arg in cmd)
+    assert any(arg.startswith("--grpc-restricted-protocol=") for arg in cmd)
