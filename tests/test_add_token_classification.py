@@ -281,6 +281,7 @@ def test_loadtest_passes_the_gate_tools_add_wrote(ner, tmp_path):
         assert f"SLO PASS ner/{protocol}" in result.stdout
 
 
+@pytest.mark.system  # a two-minute tune budget; tune on recorded trials: test_tune_recorded.py
 @pytest.mark.load
 @pytest.mark.timeout(900)
 def test_tune_finishes_with_a_winner(ner, tmp_path):
