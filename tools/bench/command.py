@@ -72,6 +72,13 @@ def _ints(value: str, option: str) -> list[int]:
 @click.option("--guard-cost", is_flag=True,
               help="Also sweep each guarded protocol on tritonserver's own port, around its "
               "guard, on the same server, and print through/around (at the same concurrency).")
+@click.option("--api-cost", is_flag=True,
+              help="Also measure each pipeline the OpenAI/TEI routes serve through the API "
+              "gateway (tools api, started in front of Triton's own HTTP port) and straight to "
+              "that port with KServe v2 JSON, the same requests at each concurrency, rounds "
+              "alternating; print through/direct per round.")
+@option("--api-rounds", type=click.IntRange(min=1), default=3, show_default=True,
+        help="Rounds of --api-cost at each concurrency.")
 @option("--output", type=click.Path(file_okay=False, path_type=Path),
         default=Path("reports/bench"), show_default=True,
         help="Folder for bench.json and bench.png.")
@@ -79,7 +86,7 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
           data: Path | None, scenarios: tuple[str, ...], batch_sizes: str, concurrency: str,
           protocol: str, duration: float, warmup: float, min_seconds: float, half_load: bool,
           tail_cycles: int, http_guard: bool | None, grpc_guard: bool, guard_cost: bool,
-          output: Path) -> None:
+          api_cost: bool, api_rounds: int, output: Path) -> None:
     """Measure served pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
@@ -113,7 +120,7 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
         protocols=("grpc", "http") if protocol == "both" else (protocol,),
         duration_s=duration, warmup_s=warmup, min_seconds=min_seconds, half_load=half_load,
         tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, http_guard=http_guard,
-        grpc_guard=grpc_guard, guard_cost=guard_cost,
+        grpc_guard=grpc_guard, guard_cost=guard_cost, api_cost=api_cost, api_rounds=api_rounds,
     )
     run = run_bench(plan, lambda line: click.echo(line, err=True))
     table, variants = report.write(run, output)

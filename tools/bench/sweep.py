@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.bench.api_cost import ApiCost
 from tools.bench.inprocess import InProcessEncoder, LimitResult, measure as measure_limit
 from tools.bench.served import measure
 from tools.bench.targets import Target, resolve
@@ -27,6 +28,7 @@ Say = Callable[[str], None]
 Roles = dict[str, list[int]]  # role -> pids of the processes a load run keeps busy
 UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guard
 UNGUARDED_GRPC = "grpc-unguarded"  # gRPC on tritonserver's own port, around the gRPC guard
+TRITON_HTTP = "triton-http"  # tritonserver's own HTTP port (what the API gateway calls)
 # The labels measured around a guard (--guard-cost) -> the protocol they are sent with.
 AROUND = {UNGUARDED: "http", UNGUARDED_GRPC: "grpc"}
 # The longest a tail point sending whole cycles of the requests may take (then it is cut short,
@@ -61,6 +63,9 @@ class BenchPlan:
             binary without ``--http-max-input-size``), or forced on/off.
         grpc_guard: The embedded server's gRPC guard (on, as ``tools serve`` runs it).
         guard_cost: Also sweep each guarded protocol on tritonserver's own port, around its guard.
+        api_cost: Also measure each pipeline the OpenAI/TEI routes serve through the API
+            gateway and straight to Triton's HTTP (``tools.bench.api_cost``).
+        api_rounds: Interleaved rounds of that comparison at each concurrency.
     """
 
     repository: Path
@@ -82,6 +87,8 @@ class BenchPlan:
     http_guard: bool | None = None
     grpc_guard: bool = True
     guard_cost: bool = False
+    api_cost: bool = False
+    api_rounds: int = 3
 
 
 @dataclass
@@ -98,6 +105,7 @@ class BenchRun:
         conditions: How it was measured (server, guard, load average, cores).
         notes: Pipelines left out and why.
         started: Start time (epoch seconds).
+        api_costs: The API gateway's cost (``--api-cost``), per pipeline and concurrency.
     """
 
     plan: BenchPlan
@@ -108,6 +116,7 @@ class BenchRun:
     conditions: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     started: float = 0.0
+    api_costs: list[ApiCost] = field(default_factory=list)
 
 
 def _guard_default() -> bool:
@@ -125,7 +134,8 @@ def _server(plan: BenchPlan, say: Say,
     URL: not ours to watch)."""
     if plan.url and plan.grpc_url:
         conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", http_guard=None)
-        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}, None
+        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url,
+               TRITON_HTTP: plan.url}, None
         return
     from tools.serve.http_guard import GuardLimits
     from tools.serve.overload import roles
@@ -143,7 +153,8 @@ def _server(plan: BenchPlan, say: Say,
     server.start(timeout_s=300)
     try:
         say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
-        found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url}
+        found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url,
+                 TRITON_HTTP: server.triton_http_url}
         if plan.guard_cost and guard:
             found[UNGUARDED] = server.triton_http_url
         if plan.guard_cost and plan.grpc_guard:
@@ -250,6 +261,23 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say,
                                       if len(halves) > 1 else ""))
 
 
+def _api_cost(run: BenchRun, triton_url: str, say: Say) -> list[ApiCost]:
+    """The gateway in front of Triton's own HTTP port; each pipeline it serves through it and
+    direct, rounds interleaved."""
+    from tools.api.server import ApiServer
+    from tools.bench import api_cost
+
+    plan = run.plan
+    gateway = ApiServer(triton_url, plan.repository, log_path=plan.output / "api.log")
+    say(f"starting the API gateway in front of {triton_url} (log {gateway.log_path}) ...")
+    with gateway:
+        say(f"API gateway ready: http {gateway.url}; {plan.api_rounds} rounds per concurrency, "
+            "direct and through it alternating")
+        return api_cost.measure(run.targets, triton_url, gateway.url, levels=plan.levels,
+                                rounds=plan.api_rounds, warmup_s=plan.warmup_s,
+                                duration_s=plan.duration_s, say=say)
+
+
 def _p99s(passes: list[Point]) -> str:
     return " / ".join("-" if p.p99_ms is None else f"{p.p99_ms:.1f}" for p in passes) + " ms"
 
@@ -290,6 +318,8 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
                                  "to measure around")
         for target in targets:
             _sweep(run, target, endpoints, say, roles)
+        if plan.api_cost:
+            run.api_costs = _api_cost(run, endpoints[TRITON_HTTP], say)
     run.conditions["load_average_end"] = round(os.getloadavg()[0], 2)
     run.conditions["cpus"] = os.cpu_count()
     return run
