@@ -67,6 +67,19 @@ def read_inputs(value: Any, param: str, max_inputs: int) -> Inputs:
                             "or a list of lists of token ids, not a mix", param)
 
 
+def check_dimensions(pipeline: Pipeline, dimensions: Any) -> None:
+    """Refuse a ``dimensions`` other than the pipeline's own width (it cannot shorten them).
+
+    Raises:
+        ApiInvalidRequest: naming ``dimensions``.
+    """
+    width = pipeline.width(EMBEDDING)
+    if dimensions is not None and dimensions != width:
+        raise ApiInvalidRequest(f"dimensions {dimensions!r}: {pipeline.name} makes "
+                                f"{width}-dimensional embeddings and does not shorten them",
+                                "dimensions")
+
+
 async def embed(gateway: Gateway, pipeline: Pipeline, inputs: Inputs, param: str,
                 truncate: bool, count: bool = True) -> tuple[np.ndarray, int | None]:
     """Embeddings ``[rows, width]`` of the inputs and the tokens the pipeline ran (None when

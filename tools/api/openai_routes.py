@@ -64,12 +64,7 @@ async def embeddings(gateway: Gateway, pipeline: Pipeline, body: Mapping[str, An
     if encoding not in ENCODINGS:
         raise ApiInvalidRequest(f"encoding_format must be 'float' or 'base64', got {encoding!r}",
                                 "encoding_format")
-    width = pipeline.width(compute.EMBEDDING)
-    dimensions = body.get("dimensions")
-    if dimensions is not None and dimensions != width:
-        raise ApiInvalidRequest(f"dimensions {dimensions!r}: {pipeline.name} makes "
-                                f"{width}-dimensional embeddings and does not shorten them",
-                                "dimensions")
+    compute.check_dimensions(pipeline, body.get("dimensions"))
     inputs = compute.read_inputs(body.get("input", compute.MISSING), "input",
                                  gateway.limits.openai_max_inputs)
     vectors, tokens = await compute.embed(gateway, pipeline, inputs, "input",

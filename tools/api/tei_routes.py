@@ -82,12 +82,7 @@ async def embed(gateway: Gateway, pipeline: Pipeline, body: Mapping[str, Any]) -
     all-MiniLM-L6-v2's does, gives unit vectors either way)."""
     truncate = _truncate(gateway, body)
     normalize = _flag(body, "normalize", True)
-    dimensions = body.get("dimensions")
-    width = pipeline.width(compute.EMBEDDING)
-    if dimensions is not None and dimensions != width:
-        raise ApiInvalidRequest(f"dimensions {dimensions!r}: {pipeline.name} makes "
-                                f"{width}-dimensional embeddings and does not shorten them",
-                                "dimensions")
+    compute.check_dimensions(pipeline, body.get("dimensions"))
     inputs = compute.read_inputs(body.get("inputs", compute.MISSING), "inputs",
                                  gateway.limits.tei_max_inputs)
     vectors, _ = await compute.embed(gateway, pipeline, inputs, "inputs", truncate, count=False)
