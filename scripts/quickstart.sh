@@ -38,7 +38,7 @@ for protocol in http grpc; do
   $TOOLS infer image_classification --protocol "$protocol" "${endpoints[@]}" \
     --image "$CHELSEA" --image "$COFFEE"
 done
-# the same text through the OpenVINO variants: int8 (the fastest text pipeline here) and bf16
+# the same text through the OpenVINO variants, int8 and bf16 (which one suits which CPU: docs/pipelines.md)
 for variant in text_embedding_int8 text_embedding_bf16; do
   $TOOLS infer "$variant" --protocol grpc --grpc-url "127.0.0.1:$GRPC_PORT" \
     --text "Triton serves this sentence as a 384-dimensional unit vector."

@@ -15,4 +15,19 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 fi
 # Editable: the CLI finds backends/python/, loadtests/ and repository.yaml in this checkout.
 .venv/bin/python -m pip install --quiet "${extra[@]}" -c scripts/constraints-cpu.txt -e ".[test,load]"
-echo "environment ready: $(.venv/bin/python --version), $(.venv/bin/tools --version)"
+# HAProxy, the front tools serve puts before tritonserver (docs/serving.md): Debian's package
+# where this runs as root with apt-get (CI, containers); elsewhere tools serve says it is missing
+# and serves without it.
+haproxy_bin="$(command -v haproxy || true)"
+[ -n "$haproxy_bin" ] || [ ! -x /usr/sbin/haproxy ] || haproxy_bin=/usr/sbin/haproxy
+if [ -z "$haproxy_bin" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's haproxy (the front of tools serve)"
+  { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
+      apt-get install -y -qq --no-install-recommends haproxy; } >/dev/null 2>&1 \
+    || echo "haproxy could not be installed: tools serve will serve without its front"
+  haproxy_bin="$(command -v haproxy || true)"
+  [ -n "$haproxy_bin" ] || [ ! -x /usr/sbin/haproxy ] || haproxy_bin=/usr/sbin/haproxy
+fi
+front="no haproxy"
+[ -z "$haproxy_bin" ] || front="haproxy $("$haproxy_bin" -v | head -1 | cut -d" " -f3)"
+echo "environment ready: $(.venv/bin/python --version), $(.venv/bin/tools --version), $front"

@@ -15,7 +15,7 @@ import pytest
 
 from tools.api import compute, openai_routes, tei_routes
 from tools.api.client import api_request, problem, route_for
-from tools.api.kinds import KINDS, kind_of_tensors, paths
+from tools.api.kinds import KINDS, front_paths, kind_of_tensors, paths
 from tools.api.route import Api
 from tools.api.server import ApiServer, command
 from tools.api.state import Limits
@@ -66,6 +66,7 @@ def test_each_path_belongs_to_one_api_and_each_kind_names_its_tei_type():
         for route in kind.routes:
             assert apis.setdefault(route.path, route.api) is route.api
     assert paths() == ["/v1/embeddings", "/embed", "/rerank", "/predict"]
+    assert front_paths() == ("/v1/", "/embed", "/rerank", "/predict", "/info", "/health")
     assert {p: str(a) for p, a in apis.items()}["/v1/embeddings"] == "openai"
 
 

@@ -21,7 +21,7 @@ from tests.scenario_helpers import ids_onnx, linear_onnx, start_spec
 from tools.add.command import add_model
 from tools.bench.command import DEFAULT_TEXTS
 from tools.bench.inprocess import InProcessEncoder, LimitResult, read_setup
-from tools.bench.report import (format_table, format_variants, guard_costs, save_plot,
+from tools.bench.report import (format_table, format_variants, front_costs, save_plot,
                                 tail_ratios, variant_rows)
 from tools.bench.targets import default_names, payload_of, resolve
 from tools.build_repo.spec import load_spec
@@ -94,45 +94,44 @@ def test_the_tail_ratio_is_the_half_load_p99_over_the_p99_at_concurrency_1_with_
 def test_the_variants_side_by_side_give_each_protocol_over_its_limit_and_over_the_first():
     limits = [_limit(8, 200.0), dataclasses.replace(_limit(8, 400.0), pipeline="int8")]
     served = [_served("grpc", 8, 180.0), _served("http", 8, 150.0),
-              _served("http-unguarded", 8, 160.0),
+              _served("http-direct", 8, 160.0),
               _served("grpc", 8, 360.0, pipeline="int8"), _served("http", 8, 270.0, pipeline="int8")]
     rows = variant_rows(limits, served)
     by = {(r["pipeline"], r["protocol"]): r for r in rows}
     assert by[("int8", "grpc")]["over_base"] == pytest.approx(2.0)
     assert by[("int8", "http")]["over_base"] == pytest.approx(1.8)
     assert by[("int8", "http")]["served_over_limit"] == pytest.approx(270 / 400)
-    text = format_variants(rows, {"http_guard": True, "grpc_guard": True}, guard_costs(served))
-    assert "HTTP through the guard, as tools serve puts it, gRPC through the gRPC guard" in text
-    assert ("HTTP guard, text_embedding: at c=8 through it 150.0 req/s, around it 160.0 req/s = "
+    text = format_variants(rows, {"front": True}, front_costs(served))
+    assert "side by side (through the front, as tools serve puts it;" in text
+    assert ("the front, HTTP, text_embedding: at c=8 through it 150.0 req/s, around it 160.0 req/s = "
             "0.938; best through 150.0, best around 160.0 = 0.938") in text
-    assert not any(r["protocol"] == "http-unguarded" for r in rows if r["pipeline"] == "int8")
+    assert not any(r["protocol"] == "http-direct" for r in rows if r["pipeline"] == "int8")
 
 
-def test_guard_cost_compares_the_arms_where_neither_was_refused_not_best_against_best():
-    # Through the guard, c=32 is refused by the admission (its latency target): 18.6 req/s of
+def test_front_cost_compares_the_arms_where_neither_was_refused_not_best_against_best():
+    # Through the front, c=32 is refused by the admission (its latency target): 18.6 req/s of
     # goodput. Around it, c=32 queues past the target and gets 50.2. Best over best (44.5 /
-    # 50.2) would charge the admission's refusals to the guard; at c=8 both carry the same load.
+    # 50.2) would charge the admission's refusals to the front; at c=8 both carry the same load.
     refused = dataclasses.replace(_served("http", 32, 18.6), errors=11229)
     served = [_served("http", 1, 22.9), _served("http", 8, 44.5), refused,
-              _served("http-unguarded", 1, 23.2), _served("http-unguarded", 8, 47.8),
-              _served("http-unguarded", 32, 50.2),
-              _served("grpc", 8, 49.0), _served("grpc-unguarded", 8, 50.0)]
-    costs = {c["protocol"]: c for c in guard_costs(served)}
+              _served("http-direct", 1, 23.2), _served("http-direct", 8, 47.8),
+              _served("http-direct", 32, 50.2),
+              _served("grpc", 8, 49.0), _served("grpc-direct", 8, 50.0)]
+    costs = {c["protocol"]: c for c in front_costs(served)}
     assert costs["http"]["concurrency"] == 8
     assert costs["http"]["ratio"] == pytest.approx(44.5 / 47.8)
     assert costs["http"]["best_ratio"] == pytest.approx(44.5 / 50.2)
     assert costs["grpc"]["ratio"] == pytest.approx(0.98)
-    lines = format_variants(variant_rows([_limit(8, 60.0)], served), {"http_guard": True,
-                                                                      "grpc_guard": True},
-                            guard_costs(served)).splitlines()
-    assert any(line.startswith("gRPC guard, text_embedding: at c=8 through it 49.0 req/s")
+    lines = format_variants(variant_rows([_limit(8, 60.0)], served), {"front": True},
+                            front_costs(served)).splitlines()
+    assert any(line.startswith("the front, gRPC, text_embedding: at c=8 through it 49.0 req/s")
                for line in lines)
     # every point of one arm refused: no like-for-like level, said so
-    only_refused = [refused, _served("http-unguarded", 32, 50.2)]
-    cost = guard_costs(only_refused)[0]
+    only_refused = [refused, _served("http-direct", 32, 50.2)]
+    cost = front_costs(only_refused)[0]
     assert cost["ratio"] is None and cost["concurrency"] is None
     assert "no concurrency without errors in both arms" in format_variants(
-        variant_rows([_limit(8, 60.0)], only_refused), {"http_guard": True}, [cost])
+        variant_rows([_limit(8, 60.0)], only_refused), {"front": True}, [cost])
 
 
 def test_save_plot_writes_a_png(tmp_path: Path):
@@ -243,7 +242,7 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
         assert {t["protocol"] for t in report["pipelines"][pipeline]["tail"]} == {"grpc", "http"}
     assert {(v["pipeline"], v["protocol"]) for v in report["variants"]} == {
         (p, proto) for p in pipelines for proto in ("grpc", "http")}
-    assert report["conditions"]["http_guard"] is None  # a given server: not known
+    assert report["conditions"]["front"] is None  # a given server: not known
     assert report["best_ratio"] == report["pipelines"]["text_embedding"]["best_ratio"]
     assert report["pipelines"]["text_embedding_int8"]["onnx_file"] == "model.int8.xml"
     assert report["pipelines"]["text_embedding_int8"]["runtime"] == "openvino fp32"  # int8, fp32 leftovers
@@ -382,7 +381,7 @@ def test_data_that_does_not_fit_a_scenario_exits_2_naming_the_line_and_input(onn
 @pytest.mark.torch
 @pytest.mark.server
 @pytest.mark.timeout(900)
-def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
+def test_bench_sweeps_pipelines_a_user_adds_through_the_front(tmp_path):
     from tests.add_helpers import tiny_bert_folder
     from tools.build_repo.pipeline import build_repository
 
@@ -396,13 +395,12 @@ def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
         "bench", "--spec", str(spec), "--repository", str(tmp_path / "repo"),
         "--scenario", "cls_embedder", "--scenario", "scorer", "--concurrency", "1,2",
         "--duration", "1", "--warmup", "0", "--batch-sizes", "1,4", "--min-seconds", "0",
-        "--guard-cost", "--output", str(out),
+        "--front-cost", "--output", str(out),
     ])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
-    assert report["conditions"]["http_guard"] is True and report["conditions"]["server"] == "embedded"
-    assert report["conditions"]["grpc_guard"] is True, "gRPC through the gRPC guard, as users get it"
-    protocols = ("grpc", "grpc-unguarded", "http", "http-unguarded")
+    assert report["conditions"]["front"] is True and report["conditions"]["server"] == "embedded"
+    protocols = ("grpc", "grpc-direct", "http", "http-direct")
     assert {(s["pipeline"], s["protocol"]) for s in report["served"]} == {
         (p, proto) for p in ("cls_embedder", "scorer") for proto in protocols}
     assert all(s["errors"] == 0 and s["requests"] > 0 for s in report["served"])
@@ -433,11 +431,11 @@ def test_bench_sweeps_pipelines_a_user_adds_through_both_guards(tmp_path):
     assert "generated float32 [batch, 6]: standard normal" in scorer["load"][0]
     assert "scorer: best served" in result.output and "in-process limit n/a" in result.output
     assert re.search(r"tail at half load, scorer grpc: .*; cores busy [0-9.]+ of \d+ at half load "
-                     r"\(tritonserver and stubs [0-9.]+, guards [0-9.]+, load generator [0-9.]+\), "
+                     r"\(tritonserver and stubs [0-9.]+, front [0-9.]+, load generator [0-9.]+\), "
                      r"[0-9.]+ at c=1", result.output)
-    assert re.search(r"HTTP guard, scorer: at c=[12] through it", result.output)
-    assert re.search(r"gRPC guard, scorer: at c=[12] through it", result.output)
-    assert {(c["pipeline"], c["protocol"]) for c in report["guard_cost"]} == {
+    assert re.search(r"the front, HTTP, scorer: at c=[12] through it", result.output)
+    assert re.search(r"the front, gRPC, scorer: at c=[12] through it", result.output)
+    assert {(c["pipeline"], c["protocol"]) for c in report["front_cost"]} == {
         (p, proto) for p in ("cls_embedder", "scorer") for proto in ("grpc", "http")}
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -492,16 +490,16 @@ def test_cores_busy_is_the_mean_of_the_passes_by_role_and_shows_in_the_tail_line
         return dataclasses.replace(point, meters={**point.meters, "cores": cores})
 
     halves = [metered(_pass([10.0] * 5, rate=4.0), {"tritonserver": 0.2, "stubs enc": 1.0,
-                                                    "grpc guard": 0.1, "load generator": 0.1,
+                                                    "front": 0.1, "load generator": 0.1,
                                                     "stubs idle": 0.0}),
               metered(_pass([20.0] * 5, rate=4.0), {"tritonserver": 0.4, "stubs enc": 1.2,
-                                                    "grpc guard": 0.1, "load generator": 0.3,
+                                                    "front": 0.1, "load generator": 0.3,
                                                     "stubs idle": 0.0})]
     single = metered(_pass([8.0] * 10, rate=None), {"tritonserver": 0.1, "stubs enc": 0.8,
                                                     "load generator": 0.1})
     half = pooled(halves)
     busy = cores_busy(half)
-    assert busy == pytest.approx({"tritonserver": 0.3, "stubs enc": 1.1, "grpc guard": 0.1,
+    assert busy == pytest.approx({"tritonserver": 0.3, "stubs enc": 1.1, "front": 0.1,
                                   "load generator": 0.2, "total": 1.7})  # "stubs idle" left out
     assert cores_busy(single) == pytest.approx({"tritonserver": 0.1, "stubs enc": 0.8,
                                                 "load generator": 0.1, "total": 1.0})
@@ -510,7 +508,7 @@ def test_cores_busy_is_the_mean_of_the_passes_by_role_and_shows_in_the_tail_line
     assert tail["cores_busy"] == busy and tail["cores_busy_c1"] == cores_busy(single)
     line = _tail_line({**tail, "cpus": 2})
     assert line.endswith("; cores busy 1.70 of 2 at half load (tritonserver and stubs 1.40, "
-                         "guards 0.10, load generator 0.20), 1.00 at c=1"), line
+                         "front 0.10, load generator 0.20), 1.00 at c=1"), line
     unmetered = tail_ratios([_pass([8.0] * 10, rate=None), pooled([_pass([9.0] * 5, rate=4.0)])])
     assert "cores busy" not in _tail_line(unmetered[0])
 

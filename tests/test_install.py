@@ -95,7 +95,7 @@ def test_the_wheel_carries_the_backends_load_test_users_schemas_and_slo_file(whe
     assert not [n for n in packaged if "__pycache__" in n or n.endswith(".pyc")]
     assert paths.PACKAGED == PACKAGED
     assert "tools/load/open_loop.c" in names  # the overload runs' C open loop, compiled on use
-    assert "tools/serve/http_front.c" in names  # the HTTP guard's native front, likewise
+    assert "tools/front/front.lua" in names  # the front's Lua rules, loaded by HAProxy
 
 
 def _environment(venv: Path) -> dict[str, str]:

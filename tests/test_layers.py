@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("typed files", ("tools.typed_yaml", "tools.yaml_edit", "tools.build_repo.spec", "tools.slo",
                      "tools.build_repo.quality_sets")),
     ("models", ("tools.models",)),
+    ("front", ("tools.front",)),
     ("build", ("tools.build_repo",)),
     ("stages", ("tools.serve", "tools.load", "tools.loadtest", "tools.bench", "tools.tune",
                 "tools.deploy", "tools.add", "tools.infer", "tools.gpu_check",

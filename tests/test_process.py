@@ -278,29 +278,28 @@ def test_kill_ends_the_whole_group_at_once(tmp_path, started):
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
-def test_a_load_run_counts_a_guard_with_its_children_and_no_one_else_s_guard(tmp_path, started):
-    """``overload.roles`` (the bench's tail and the overload runs count CPU by it): a guard of the
-    server is found among this process's children by its module and ``--watch-pid``, and the
-    processes it started (the HTTP guard's native front) count as the guard too."""
+def test_a_load_run_counts_the_front_with_its_children_and_no_one_else_s_front(tmp_path, started):
+    """``overload.roles`` (the bench's tail and the overload runs count CPU by it): the front of
+    the server is found by its module and ``--watch-pid``, and the processes it started (HAProxy)
+    count as the front too."""
     from tools.serve.overload import roles
 
     server = process.start(_python("import time; time.sleep(60)"))
     started.append(server)
-    spawn_front = """
+    spawn_haproxy = """
         import subprocess, sys, time
-        front = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        open(sys.argv[-1], "w").write(f"{front.pid}\\n")
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open(sys.argv[-1], "w").write(f"{child.pid}\\n")
         time.sleep(60)
     """
-    guard = process.start([*_python(spawn_front), "tools.serve.http_guard", "--watch-pid",
+    front = process.start([*_python(spawn_haproxy), "tools.front", "--watch-pid",
                            str(server.pid), str(tmp_path / "front")])
-    other = process.start([*_python(spawn_front), "tools.serve.grpc_guard", "--watch-pid", "1",
+    other = process.start([*_python(spawn_haproxy), "tools.front", "--watch-pid", "1",
                            str(tmp_path / "other")])
-    started += [guard, other]
-    front = int(_wait_for(tmp_path / "front"))
+    started += [front, other]
+    haproxy = int(_wait_for(tmp_path / "front"))
     _wait_for(tmp_path / "other")
 
     found = roles(server.pid, [])
-    assert sorted(found["http guard"]) == sorted([guard.pid, front])
-    assert "grpc guard" not in found  # it watches another server
+    assert sorted(found["front"]) == sorted([front.pid, haproxy]), "not the other server's front"
     assert found["tritonserver"] == [server.pid] and found["load generator"] == [os.getpid()]

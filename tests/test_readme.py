@@ -1,10 +1,12 @@
 """The README and docs/ tell the truth about the checkout: its commands exist, its links resolve.
 
-The two set-up commands of the README's Quick start are files that do what the README says
-(one runs the main job on the embedded server, one the tests, the one CI runs); every
-``tools ...`` line in a code block of the README, docs/ and loadtests/README.md names a real
-command and only options that command shows in ``--help`` (so no old spelling is taught); every
-relative link resolves. No server, no torch.
+The README is a user's guide: short (counted in words and bytes, not lines, so a long line
+cannot hide a diary) and free of lab notes (no dates, UTC times, run letters or machine names).
+The two set-up commands of its Quick start are files that do what the README says (one runs the
+main job on the embedded server, one the tests, the one CI runs); every ``tools ...`` line in a
+code block of the README, CONTRIBUTING.md, CHANGELOG.md, docs/ and loadtests/README.md names a
+real command and only options that command shows in ``--help`` (so no old spelling is taught);
+every relative link resolves. No server, no torch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,18 @@ WHOLE_PATH = "## From your model to a P99-gated deployment"
 # ``VAR=x``; in scripts also ``$TOOLS`` (quickstart.sh's name for .venv/bin/tools).
 _TOOLS = re.compile(r"(?:^|/|\(|&& |=\S+ )tools ([a-z][a-z0-9-]*(?: [a-z][a-z0-9_-]*)?)(.*)$")
 _ASSIGNED = re.compile(r"\b\w+=[^\s(]*tools\b")  # TOOLS=.venv/bin/tools: a name, not a command
-PAGES = [README, ROOT / "loadtests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", ROOT / "loadtests" / "README.md",
+         *sorted((ROOT / "docs").glob("*.md"))]
+MAX_WORDS = 1500
+MAX_BYTES = 10 * 1024
+# What a lab notebook leaves in a page: a date, a time of day in UTC, a run named by its letter
+# ("run K", "runs K-N"), the machine it ran on.
+LAB_NOTES = {
+    "a date": re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),
+    "a UTC time": re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\s*UTC\b"),
+    "a run letter": re.compile(r"\b[Rr]uns? [A-Z](?:\s*[-–]\s*[A-Z])?\b(?![\w'])"),
+    "a machine name": re.compile(r"\b(?:Zen ?\d|EPYC|Xeon|AMX)\b"),
+}
 SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "scripts").glob("*.sh"))]
 
 
@@ -60,9 +73,29 @@ def test_the_commands_at_a_glance_are_every_command_there_is():
 
 def test_the_readme_is_short_and_leaves_the_whole_path_section_to_its_author():
     text = README.read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 200
+    words, size = len(text.split()), len(text.encode("utf-8"))
+    assert words <= MAX_WORDS, f"README.md: {words} words, more than {MAX_WORDS}"
+    assert size <= MAX_BYTES, f"README.md: {size} bytes, more than {MAX_BYTES}"
     assert text.count(WHOLE_PATH + "\n") == 1
     assert text.count("\n## ") >= 5
+
+
+def test_the_readme_holds_no_lab_notes():
+    """Dated runs, their times, letters and machines belong in docs/performance.md, not here."""
+    text = README.read_text(encoding="utf-8")
+    found = [f"{what}: {match.group(0)!r}" for what, pattern in LAB_NOTES.items()
+             for match in pattern.finditer(text)]
+    assert not found, "README.md holds lab notes:\n" + "\n".join(found)
+
+
+def test_the_lab_note_patterns_catch_what_they_are_for():
+    notes = {"a date": "on 2026-12-05", "a UTC time": "at 12:05 UTC", "a run letter": "Run O",
+             "a machine name": "an AMD Zen 4"}
+    for what, sample in notes.items():
+        assert LAB_NOTES[what].search(sample), what
+    for clean in ("it runs a short load", "runs Locust", "the fast and integration tiers",
+                  "P99 <= 800 ms", "8000-8002"):
+        assert not any(p.search(clean) for p in LAB_NOTES.values()), clean
 
 
 def _tools_lines(path: Path) -> list[list[str]]:

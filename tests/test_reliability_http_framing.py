@@ -1,19 +1,24 @@
-"""HTTP framing through the guard in front of a real tritonserver (RFC 9112 section 6.3).
+"""HTTP framing through the front (RFC 9112 section 6.3): refused, or re-framed, never passed on
+as sent.
 
-A corpus of malformed and of tricky-but-valid requests (tests/data/http_framing_corpus.json), then
-requests made malformed by construction (hypothesis), each sent on a fresh connection with a
-readiness request pipelined behind it. A refused request gets its 4xx and the connection closes:
-the request behind it is never answered, so no second response can be smuggled onto the
-connection. After every case the same tritonserver answers; the RSS of it and of the guard stays
-bounded over the whole run.
+A corpus of malformed and of tricky-but-valid requests (tests/data/http_framing_corpus.json),
+then requests made malformed by construction (hypothesis), each sent on a fresh connection with
+a readiness request pipelined behind it. Two servers sit behind the same rendered front: a
+recorder that keeps every request the front forwards, byte for byte (it shows what tritonserver
+would receive), and a real tritonserver. A malformed request is either refused (a 4xx, nothing
+of it forwarded) or re-framed: the server behind gets one request per request, with CRLF line
+ends, a well-formed request line, no folded line, no Transfer-Encoding and one Content-Length
+matching its body, so it cannot read a second request out of the first. After the corpus the
+same tritonserver answers, and neither it nor HAProxy grew.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
-import time
+import threading
 from pathlib import Path
 
 import psutil
@@ -21,25 +26,96 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tools.serve.http_guard import GuardLimits
+from tools.front.plan import FrontPlan, Limits
+from tools.front.process import FrontProcess, find_haproxy
+from tools.net import free_ports
 from tools.serve.server import EmbeddedServer
-from waits import child_running
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.server]
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "http_framing_corpus.json").read_text())
-LIMITS = GuardLimits(max_body_bytes=1 << 20, max_buffered_bytes=4 << 20, read_timeout_s=5.0)
+LIMITS = Limits(max_body_bytes=1 << 20, request_timeout_s=3)
 READY = "GET /v2/health/ready HTTP/1.1\r\nHost: {host}\r\n\r\n"
-ANSWER_WITHIN_S = 3.0  # bare LF used to get no answer at all within this time
-EXTRA_WAIT_S = 0.3
+ANSWER_WITHIN_S = 5.0
 RSS_GROWTH_BYTES = 32 << 20
+_REQUEST_LINE = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+ /\S* HTTP/1\.1$")
+
+
+class Recorder:
+    """A server behind the front that keeps the raw head and body of every request it gets and
+    answers each ``200 {"ok": true}``."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.requests: list[tuple[bytes, bytes]] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        data = b""
+        with conn:
+            try:
+                while True:
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            return
+                        data += chunk
+                    head, _, data = data.partition(b"\r\n\r\n")
+                    lengths = re.findall(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+                    length = int(lengths[0]) if lengths else 0
+                    while len(data) < length:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    with self._lock:
+                        self.requests.append((head, data[:length]))
+                    data = data[length:]
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 11\r\n\r\n{\"ok\":true}")
+            except OSError:
+                return
+
+    def since(self, count: int) -> list[tuple[bytes, bytes]]:
+        with self._lock:
+            return [r for r in self.requests[count:] if b"/config" not in r[0].split(b"\r\n")[0]]
+
+    def close(self) -> None:
+        self._listener.close()
 
 
 @pytest.fixture(scope="module")
-def guarded(toy_repository: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One tritonserver on the toy repository behind the HTTP guard, for the whole module."""
-    log = tmp_path_factory.mktemp("framing") / "tritonserver.log"
-    server = EmbeddedServer(toy_repository, http_guard=LIMITS, log_path=log, exit_timeout_s=5)
+def recorded(tmp_path_factory: pytest.TempPathFactory):
+    """The front, rendered for one capped model, with the recorder behind it."""
+    recorder = Recorder()
+    http, grpc = free_ports(2)
+    front = FrontProcess(FrontPlan({"toy_double": 300.0}, ("toy_double",), LIMITS),
+                         find_haproxy(), http_port=http, grpc_port=grpc,
+                         triton_http_port=recorder.port, triton_grpc_port=recorder.port,
+                         watch_pid=os.getpid())
+    front.start(tmp_path_factory.mktemp("framing") / "front.log")
+    try:
+        yield front, recorder
+    finally:
+        front.stop()
+        recorder.close()
+
+
+@pytest.fixture(scope="module")
+def fronted(toy_repository: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A real tritonserver on the toy repository behind the front, for the whole module."""
+    log = tmp_path_factory.mktemp("framing-triton") / "tritonserver.log"
+    server = EmbeddedServer(toy_repository, front=LIMITS, log_path=log, exit_timeout_s=5)
     server.start(timeout_s=120)
     try:
         yield server
@@ -47,9 +123,15 @@ def guarded(toy_repository: Path, tmp_path_factory: pytest.TempPathFactory):
         server.stop()
 
 
-def _guard_process(server: EmbeddedServer) -> psutil.Process:
-    port = server.http_url.rpartition(":")[2]
-    return child_running("tools.serve.http_guard", port)
+@pytest.fixture(scope="module")
+def baseline(fronted: EmbeddedServer) -> dict[str, int]:
+    return {"triton": psutil.Process(fronted.pid).memory_info().rss,
+            "haproxy": _haproxy_rss(fronted), "pid": fronted.pid}
+
+
+def _haproxy_rss(server: EmbeddedServer) -> int:
+    return sum(p.memory_info().rss
+               for p in psutil.Process(server.front._proc.pid).children(recursive=True))
 
 
 def _expand(template: str, host: str) -> bytes:
@@ -57,86 +139,89 @@ def _expand(template: str, host: str) -> bytes:
     return text.replace("{host}", host).encode("latin-1")
 
 
-def _responses(sock: socket.socket, expected: int | None = None
-               ) -> tuple[list[tuple[int, bytes]], bool]:
-    """Every response on ``sock`` until it closes or ``ANSWER_WITHIN_S`` passes with nothing more
-    (once ``expected`` responses are in: ``EXTRA_WAIT_S``): (status, body) each, and whether the
-    server closed the connection."""
-    sock.settimeout(ANSWER_WITHIN_S)
+def _exchange(port: int, request: bytes) -> list[tuple[int, bytes]]:
+    """Send ``request`` and a pipelined readiness request on a fresh connection; every response
+    until the front closes or nothing more comes within ``ANSWER_WITHIN_S`` (a refusal closes
+    the connection: the readiness request behind it then gets no answer)."""
+    host = f"127.0.0.1:{port}"
     data, responses = b"", []
-    closed = False
-    while True:
-        while True:  # take every whole response out of data
-            end = data.find(b"\r\n\r\n")
-            if end < 0:
-                break
-            head = data[:end].decode("latin-1")
-            length = int((re.search(r"(?im)^content-length:\s*(\d+)", head) or [0, 0])[1])
-            if len(data) < end + 4 + length:
-                break
-            status = int(head.split(" ", 2)[1])
-            if status != 100:
-                responses.append((status, data[end + 4:end + 4 + length]))
-            data = data[end + 4 + length:]
-        if expected is not None and len(responses) >= expected:
-            sock.settimeout(EXTRA_WAIT_S)  # long enough for a smuggled extra response to show
-        try:
-            chunk = sock.recv(65536)
-        except socket.timeout:
-            break
-        except ConnectionResetError:
-            closed = True
-            break
-        if not chunk:
-            closed = True
-            break
-        data += chunk
-    return responses, closed
-
-
-def _exchange(server: EmbeddedServer, request: bytes, expected: int | None = None
-              ) -> tuple[list[tuple[int, bytes]], bool]:
-    host = server.http_url
-    address, _, port = host.rpartition(":")
-    with socket.create_connection((address, int(port)), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN_S) as sock:
         try:
             sock.sendall(request + READY.format(host=host).encode())
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused and closed while the rest was still being sent
-        return _responses(sock, expected)
+        while len(responses) < 2:
+            try:
+                chunk = sock.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            data += chunk
+            while b"\r\n\r\n" in data:
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int((re.search(rb"(?im)^content-length:\s*(\d+)", head) or [0, b"0"])[1])
+                if len(rest) < length:
+                    break
+                status = int(head.split(b" ", 2)[1])
+                if status != 100:
+                    responses.append((status, rest[:length]))
+                data = rest[length:]
+    return responses
 
 
-def _still_serving(server: EmbeddedServer, pid: int) -> None:
-    assert server.pid == pid and psutil.pid_exists(pid) and server.poll() is None
-    responses, _ = _exchange(server, b"", expected=1)
-    assert [status for status, _ in responses[:1]] == [200], "the next good request is answered"
+def _unambiguous(head: bytes, body: bytes) -> list[str]:
+    """What makes a forwarded request ambiguous, in words (none: it is not)."""
+    problems = []
+    lines = head.split(b"\r\n")
+    if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
+        problems.append("a bare LF or CR")
+    if not _REQUEST_LINE.match(lines[0]):
+        problems.append(f"request line {lines[0]!r}")
+    names = [line.partition(b":")[0].lower() for line in lines[1:]]
+    if any(line[:1] in (b" ", b"\t") for line in lines[1:]):
+        problems.append("a folded line")
+    if any(not re.fullmatch(rb"[!#$%&'*+.^_`|~0-9a-z-]+", n) for n in names):
+        problems.append(f"a header name that is not a token: {names}")
+    if b"transfer-encoding" in names:
+        problems.append("Transfer-Encoding")
+    lengths = [line.partition(b":")[2].strip() for line in lines[1:]
+               if line.partition(b":")[0].lower() == b"content-length"]
+    if len(lengths) > 1 or (lengths and int(lengths[0]) != len(body)):
+        problems.append(f"Content-Length {lengths} for a body of {len(body)}")
+    return problems
 
 
-@pytest.fixture(scope="module")
-def baseline(guarded: EmbeddedServer) -> dict[str, int]:
-    return {"triton": psutil.Process(guarded.pid).memory_info().rss,
-            "guard": _guard_process(guarded).memory_info().rss, "pid": guarded.pid}
+def _check_refused_or_reframed(recorded, request: bytes) -> None:
+    front, recorder = recorded
+    before = len(recorder.requests)
+    responses = _exchange(front.http_port, request)
+    forwarded = recorder.since(before)
+    assert responses, "the front answered"
+    status = responses[0][0]
+    if 400 <= status < 500:
+        # refused: nothing of it forwarded, and the connection closed behind the refusal
+        assert forwarded == [] and len(responses) == 1, (responses, forwarded)
+    else:
+        assert status == 200, responses
+        for head, body in forwarded:
+            assert _unambiguous(head, body) == [], (head, body)
+        assert len(forwarded) <= 3, "one request forwarded per request the front answered"
+    assert not any(b"toy_text" in head for head, _ in forwarded), "nothing smuggled"
 
 
-@pytest.mark.parametrize("case", CORPUS["refused"], ids=lambda c: c["name"])
-def test_a_malformed_request_is_refused_alone_and_the_connection_closed(guarded, baseline, case):
-    started = time.monotonic()
-    responses, closed = _exchange(guarded, _expand(case["request"], guarded.http_url))
-    assert responses, f"no answer within {ANSWER_WITHIN_S} s"
-    assert time.monotonic() - started < ANSWER_WITHIN_S + 1
-    (status, body), *rest = responses
-    assert status == case["status"], body
-    assert "error" in json.loads(body), "the guard's own answer names the problem"
-    assert rest == [], "nothing after the refusal: the pipelined request is not answered"
-    assert closed
-    _still_serving(guarded, baseline["pid"])
+@pytest.mark.parametrize("case", CORPUS["malformed"], ids=lambda c: c["name"])
+def test_a_malformed_request_is_refused_or_reframed_never_passed_on_as_sent(recorded, case):
+    front, _ = recorded
+    _check_refused_or_reframed(recorded, _expand(case["request"], f"127.0.0.1:{front.http_port}"))
 
 
-@pytest.mark.parametrize("case", CORPUS["accepted"], ids=lambda c: c["name"])
-def test_a_valid_request_is_answered_and_the_one_behind_it_too(guarded, baseline, case):
-    responses, closed = _exchange(guarded, _expand(case["request"], guarded.http_url), expected=2)
+@pytest.mark.parametrize("case", CORPUS["valid"], ids=lambda c: c["name"])
+def test_a_valid_request_is_answered_by_tritonserver_and_the_one_behind_it_too(fronted, baseline,
+                                                                              case):
+    port = int(fronted.http_url.rpartition(":")[2])
+    responses = _exchange(port, _expand(case["request"], fronted.http_url))
     assert [status for status, _ in responses] == [case["status"], 200], responses
-    assert not closed
 
 
 # ---- requests made malformed by construction
@@ -145,7 +230,7 @@ _NAMES = st.sampled_from(["Accept", "User-Agent", "X-Trace", "Content-Type", "Ca
 _VALUES = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters="{}"),
                   min_size=1, max_size=20)
 _INFER_BODY = ('{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}')
-# The request a smuggling attempt would hide in a body: its answer names toy_text.
+# The request a smuggling attempt would hide in a body: its path names toy_text.
 SMUGGLED = "GET /v2/models/toy_text/config HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
@@ -237,30 +322,31 @@ def _malformed(draw) -> str:
 @settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(request=_malformed())
-def test_fuzz_no_malformed_request_is_answered_2xx_nor_smuggles_a_second_one(guarded, baseline,
-                                                                          request):
-    responses, closed = _exchange(guarded, _expand(request, guarded.http_url))
-    assert len(responses) == 1 and 400 <= responses[0][0] < 500, (request, responses)
-    assert closed, request
-    assert b"toy_text" not in responses[0][1]
-    assert guarded.pid == baseline["pid"] and guarded.poll() is None
+def test_fuzz_a_malformed_request_is_refused_or_reframed_and_smuggles_nothing(recorded, request):
+    front, _ = recorded
+    _check_refused_or_reframed(recorded, _expand(request, f"127.0.0.1:{front.http_port}"))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(parts=_valid())
-def test_fuzz_a_valid_request_is_answered_and_the_connection_serves_on(guarded, baseline, parts):
-    responses, closed = _exchange(guarded, _expand(_render(*parts), guarded.http_url), expected=2)
+def test_fuzz_a_valid_request_is_answered_by_tritonserver_and_the_connection_serves_on(
+        fronted, baseline, parts):
+    port = int(fronted.http_url.rpartition(":")[2])
+    responses = _exchange(port, _expand(_render(*parts), fronted.http_url))
     assert [status for status, _ in responses] == [200, 200], (parts, responses)
-    assert not closed
 
 
-def test_after_the_corpus_and_the_fuzzing_the_server_is_the_same_and_its_memory_bounded(
-        guarded, baseline):
-    """Runs after the tests above (file order): same pid, and neither tritonserver nor the guard
-    grew by more than RSS_GROWTH_BYTES."""
-    _still_serving(guarded, baseline["pid"])
-    triton = psutil.Process(guarded.pid).memory_info().rss
-    guard = _guard_process(guarded).memory_info().rss
+def test_the_malformed_corpus_leaves_tritonserver_the_same_and_nothing_grew(fronted, baseline):
+    """Runs after the tests above (file order): the whole malformed corpus through the front to
+    the real tritonserver, then the same pid answers, and neither tritonserver nor HAProxy grew
+    by more than RSS_GROWTH_BYTES."""
+    port = int(fronted.http_url.rpartition(":")[2])
+    for case in CORPUS["malformed"]:
+        responses = _exchange(port, _expand(case["request"], fronted.http_url))
+        assert responses and responses[0][0] < 500, (case["name"], responses)
+    assert fronted.pid == baseline["pid"] and fronted.poll() is None
+    assert [s for s, _ in _exchange(port, b"")] == [200], "the next good request is answered"
+    triton = psutil.Process(fronted.pid).memory_info().rss
     assert triton - baseline["triton"] < RSS_GROWTH_BYTES, (triton, baseline)
-    assert guard - baseline["guard"] < RSS_GROWTH_BYTES, (guard, baseline)
+    assert _haproxy_rss(fronted) - baseline["haproxy"] < RSS_GROWTH_BYTES

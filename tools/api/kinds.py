@@ -36,3 +36,11 @@ def kind_of_tensors(inputs: Iterable[str], outputs: Iterable[str]) -> Kind | Non
     """The kind of a pipeline with these input and output names (None: the APIs do not serve
     it)."""
     return kind_of(KINDS, inputs, outputs)
+
+
+def front_paths(kinds: Sequence[Kind] = KINDS) -> tuple[str, ...]:
+    """What a front routes to the gateway on the public HTTP port: OpenAI's ``/v1/`` (a prefix:
+    ``/v1/embeddings``, ``/v1/models``, ``/v1/models/{id}``) and TEI's paths (exact); Triton's
+    ``/v2/`` stays Triton's."""
+    tei = [p for p in paths(kinds) if not p.startswith("/v1/")]
+    return ("/v1/", *tei, "/info", "/health")

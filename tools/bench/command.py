@@ -62,16 +62,13 @@ def _ints(value: str, option: str) -> list[int]:
         "passes each, alternating (c=1, half load, half load, c=1, ...) so a machine that "
         "slows down weighs on both, each pass sending every distinct request once whatever "
         "--duration says (both P99s over the same texts); 0: one pass each, lasting --duration.")
-@click.option("--http-guard/--no-http-guard", default=None,
-              help="The embedded server's HTTP guard [default: as tools serve: on for a "
-              "binary without --http-max-input-size, such as the nvidia-pytriton wheel's 2.51]; "
-              "--no-http-guard measures HTTP without it, for comparison.")
-@click.option("--grpc-guard/--no-grpc-guard", default=True, show_default=True,
-              help="The embedded server's gRPC guard (message bound and admission), as tools "
-              "serve runs it; --no-grpc-guard measures gRPC without it.")
-@click.option("--guard-cost", is_flag=True,
-              help="Also sweep each guarded protocol on tritonserver's own port, around its "
-              "guard, on the same server, and print through/around (at the same concurrency).")
+@click.option("--front/--no-front", default=None,
+              help="The embedded server's front (HAProxy: limits and SLO admission) [default: as "
+              "tools serve: on where haproxy is installed]; --no-front measures tritonserver "
+              "alone, for comparison.")
+@click.option("--front-cost", is_flag=True,
+              help="Also sweep each protocol on tritonserver's own port, around the front, on "
+              "the same server, and print through/around (at the same concurrency).")
 @click.option("--api-cost", is_flag=True,
               help="Also measure each pipeline the OpenAI/TEI routes serve through the API "
               "gateway (tools api, started in front of Triton's own HTTP port) and straight to "
@@ -85,8 +82,8 @@ def _ints(value: str, option: str) -> list[int]:
 def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | None,
           data: Path | None, scenarios: tuple[str, ...], batch_sizes: str, concurrency: str,
           protocol: str, duration: float, warmup: float, min_seconds: float, half_load: bool,
-          tail_cycles: int, http_guard: bool | None, grpc_guard: bool, guard_cost: bool,
-          api_cost: bool, api_rounds: int, output: Path) -> None:
+          tail_cycles: int, front: bool | None, front_cost: bool, api_cost: bool,
+          api_rounds: int, output: Path) -> None:
     """Measure served pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
@@ -96,8 +93,8 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
     longest text of the batch, and also split into length chunks the way the served runner
     does); (b) the pipeline over gRPC and HTTP with asyncio clients at each concurrency, its
     scenario's requests (derived from the spec's inputs as tools loadtest derives them: texts,
-    photos, text pairs, generated tensors; --data replaces them), HTTP through the guard when
-    tools serve would put one there and gRPC through the gRPC guard; then an open loop at half of the best served throughput
+    photos, text pairs, generated tensors; --data replaces them), through the front as tools
+    serve puts it; then an open loop at half of the best served throughput
     (the tail ratio: its P99 over the P99 at c=1, target <= 1.5; the two points are measured
     back to back, in --tail-cycles alternating passes each sending every distinct request). The in-process limit encodes
     the texts the served requests carry. The ratio column is throughput over that pipeline's
@@ -119,8 +116,8 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
         levels=tuple(_ints(concurrency, "--concurrency")),
         protocols=("grpc", "http") if protocol == "both" else (protocol,),
         duration_s=duration, warmup_s=warmup, min_seconds=min_seconds, half_load=half_load,
-        tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, http_guard=http_guard,
-        grpc_guard=grpc_guard, guard_cost=guard_cost, api_cost=api_cost, api_rounds=api_rounds,
+        tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, front=front,
+        front_cost=front_cost, api_cost=api_cost, api_rounds=api_rounds,
     )
     run = run_bench(plan, lambda line: click.echo(line, err=True))
     table, variants = report.write(run, output)

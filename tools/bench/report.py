@@ -33,14 +33,14 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
 
 def _closed(served: Sequence[Point], pipeline: str, protocol: str | None = None) -> list[Point]:
     """Closed-loop points of ``pipeline`` on ``protocol`` (None: every protocol users get, so
-    not the comparisons around the guards)."""
+    not the comparisons around the front)."""
     return [s for s in served if s.model == pipeline and not s.offered_rps
             and (s.protocol == protocol if protocol else s.protocol not in AROUND)]
 
 
-def guard_costs(served: Sequence[Point]) -> list[dict[str, Any]]:
-    """Per pipeline and guarded protocol measured around its guard too (``--guard-cost``):
-    throughput through the guard over around it, at the concurrency where the guarded arm had
+def front_costs(served: Sequence[Point]) -> list[dict[str, Any]]:
+    """Per pipeline and protocol measured around the front too (``--front-cost``): throughput
+    through the front over around it, at the concurrency where the arm through the front had
     its best throughput with no error in either arm (a refusal by the admission is an error: at
     a concurrency it refuses, the two arms do not carry the same load), and best over best."""
     out = []
@@ -67,8 +67,8 @@ def guard_costs(served: Sequence[Point]) -> list[dict[str, Any]]:
     return out
 
 
-def _guard_line(cost: Mapping[str, Any]) -> str:
-    name = {"http": "HTTP guard", "grpc": "gRPC guard"}[cost["protocol"]]
+def _front_line(cost: Mapping[str, Any]) -> str:
+    name = {"http": "the front, HTTP", "grpc": "the front, gRPC"}[cost["protocol"]]
     line = f"{name}, {cost['pipeline']}: "
     if cost["ratio"] is not None:
         line += (f"at c={cost['concurrency']} through it {cost['through']:.1f} req/s, around it "
@@ -117,7 +117,7 @@ def cores_busy(point: Point | None) -> dict[str, float] | None:
 def tail_ratios(served: Sequence[Point]) -> list[dict[str, Any]]:
     """Per pipeline and protocol with an open-loop point: its P99 against the P99 at c=1, and
     whether both counted the same requests (``same_requests``: as many, from the first, which
-    ``--tail-cycles`` gives them), with the cores the server, its guards and the load generator
+    ``--tail-cycles`` gives them), with the cores the server, its front and the load generator
     kept busy at each of the two points (``cores_busy``, ``cores_busy_c1``; ``cpus``: how many
     this process may run on)."""
     out = []
@@ -172,9 +172,9 @@ def _busy_line(tail: Mapping[str, Any]) -> str:
     if not half:
         return ""
     server = sum(v for k, v in half.items() if k == "tritonserver" or k.startswith("stubs"))
-    guards = sum(v for k, v in half.items() if k.endswith("guard"))
+    front = half.get("front", 0.0)
     return (f"; cores busy {half['total']:.2f} of {tail['cpus']} at half load (tritonserver "
-            f"and stubs {server:.2f}, guards {guards:.2f}, load generator "
+            f"and stubs {server:.2f}, front {front:.2f}, load generator "
             f"{half.get('load generator', 0.0):.2f})"
             + (f", {single['total']:.2f} at c=1" if single else ""))
 
@@ -269,18 +269,14 @@ def variant_rows(limits: Sequence[LimitResult], served: Sequence[Point]) -> list
 
 def format_variants(rows: Sequence[Mapping[str, Any]], conditions: Mapping[str, Any],
                     costs: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The variants side by side over the protocols, with the ratios, then what each guard
-    costs (``guard_costs``)."""
+    """The variants side by side over the protocols, with the ratios, then what the front
+    costs (``front_costs``)."""
     if not rows:
         return ""
     base = rows[0]["base"]
-    guard = conditions.get("http_guard")
-    http = {True: "HTTP through the guard, as tools serve puts it",
-            False: "HTTP without the guard",
-            None: "HTTP as the given server serves it"}[guard]
-    if guard is not None:
-        http += (", gRPC through the gRPC guard" if conditions.get("grpc_guard", False)
-                 else ", gRPC without the gRPC guard")
+    http = {True: "through the front, as tools serve puts it",
+            False: "without the front",
+            None: "as the given server serves it"}[conditions.get("front")]
     header = (f"{'pipeline':<28} {'protocol':<15} {'best req/s':>10} {'at':>6} "
               f"{'limit':>7} {'x limit':>8} {'x ' + base:>{max(10, len(base) + 2)}} "
               f"{'tail':>6}")
@@ -295,7 +291,7 @@ def format_variants(rows: Sequence[Mapping[str, Any]], conditions: Mapping[str, 
             f"{_fmt(r['limit']):>7} {_fmt(r['served_over_limit'], '.2f'):>8} "
             f"{_fmt(r['over_base'], '.2f'):>{max(10, len(base) + 2)}} {tail:>6}")
     lines.append("! = tail ratio over the target")
-    lines += [_guard_line(cost) for cost in costs]
+    lines += [_front_line(cost) for cost in costs]
     return "\n".join(lines)
 
 
@@ -415,7 +411,7 @@ def payload(run: BenchRun, table: str, variants: str) -> dict[str, Any]:
         "tail_target": TAIL_TARGET,
         "tail": tail_ratios(run.served),
         "variants": variant_rows(run.limits, run.served),
-        "guard_cost": guard_costs(run.served),
+        "front_cost": front_costs(run.served),
         "api_cost": [c.to_dict() for c in run.api_costs],
         "in_process": [r.to_dict() for r in run.limits],
         "served": [served_row(s) for s in run.served],
@@ -446,7 +442,7 @@ def write(run: BenchRun, output: Path) -> tuple[str, str]:
     """Write bench.json and bench.png into ``output``; return the two tables."""
     table = format_table(run.limits, run.served, run.limit_na)
     variants = format_variants(variant_rows(run.limits, run.served), run.conditions,
-                               guard_costs(run.served))
+                               front_costs(run.served))
     output.mkdir(parents=True, exist_ok=True)
     document = payload(run, table, variants)
     (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

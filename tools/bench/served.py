@@ -33,7 +33,7 @@ def measure(requests: Sequence[Request], protocol: str, url: str, stats_url: str
         rate: Requests per second of an open loop (None: closed loop).
         warmup_s: Seconds not measured at the start.
         duration_s: Seconds measured.
-        label: The protocol as the point reports it (e.g. ``http-unguarded``).
+        label: The protocol as the point reports it (e.g. ``http-direct``).
         cycles: When > 0, measure every request of ``requests`` exactly this many times from
             the first (``duration_s`` is then only a bound).
         meters: More meters over the window, beside Triton's statistics.

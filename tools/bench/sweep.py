@@ -1,8 +1,8 @@
 """The bench run: in-process limits, then the served sweep of every pipeline, in one process.
 
 ``run_bench`` measures each text pipeline's tokenizer + encoder in this process at several batch
-sizes, then starts the embedded server (with the HTTP guard when ``tools serve`` would put it
-there) or uses the given one, and sweeps every pipeline over each protocol at each concurrency,
+sizes, then starts the embedded server (with the front where ``tools serve`` would put it) or
+uses the given one, and sweeps every pipeline over each protocol at each concurrency,
 ending each protocol with an open loop at half of its best served throughput.
 """
 
@@ -26,11 +26,11 @@ from tools.load.point import pooled
 
 Say = Callable[[str], None]
 Roles = dict[str, list[int]]  # role -> pids of the processes a load run keeps busy
-UNGUARDED = "http-unguarded"  # HTTP on tritonserver's own port, around the guard
-UNGUARDED_GRPC = "grpc-unguarded"  # gRPC on tritonserver's own port, around the gRPC guard
+DIRECT = "http-direct"  # HTTP on tritonserver's own port, around the front
+DIRECT_GRPC = "grpc-direct"  # gRPC on tritonserver's own port, around the front
+# The labels measured around the front (--front-cost) -> the protocol they are sent with.
+AROUND = {DIRECT: "http", DIRECT_GRPC: "grpc"}
 TRITON_HTTP = "triton-http"  # tritonserver's own HTTP port (what the API gateway calls)
-# The labels measured around a guard (--guard-cost) -> the protocol they are sent with.
-AROUND = {UNGUARDED: "http", UNGUARDED_GRPC: "grpc"}
 # The longest a tail point sending whole cycles of the requests may take (then it is cut short,
 # and the tail line says its P99s are not over the same requests).
 TAIL_BOUND_S = 600.0
@@ -59,10 +59,9 @@ class BenchPlan:
             pooled; 0: one pass each, lasting ``duration_s``.
         output: Folder for the server log (and the report).
         url, grpc_url: A running server (both or neither); None: the embedded server.
-        http_guard: The embedded server's HTTP guard: None as ``tools serve`` decides (on for a
-            binary without ``--http-max-input-size``), or forced on/off.
-        grpc_guard: The embedded server's gRPC guard (on, as ``tools serve`` runs it).
-        guard_cost: Also sweep each guarded protocol on tritonserver's own port, around its guard.
+        front: The embedded server's front: None as ``tools serve`` decides (on where haproxy
+            is installed).
+        front_cost: Also sweep each protocol on tritonserver's own port, around the front.
         api_cost: Also measure each pipeline the OpenAI/TEI routes serve through the API
             gateway and straight to Triton's HTTP (``tools.bench.api_cost``).
         api_rounds: Interleaved rounds of that comparison at each concurrency.
@@ -84,9 +83,8 @@ class BenchPlan:
     tail_cycles: int = 1
     url: str | None = None
     grpc_url: str | None = None
-    http_guard: bool | None = None
-    grpc_guard: bool = True
-    guard_cost: bool = False
+    front: bool | None = None
+    front_cost: bool = False
     api_cost: bool = False
     api_rounds: int = 3
 
@@ -102,7 +100,7 @@ class BenchRun:
         served: Served points (closed loop, then the open loop at half load), per pipeline and
             protocol.
         limit_na: Pipeline -> why it has no in-process limit.
-        conditions: How it was measured (server, guard, load average, cores).
+        conditions: How it was measured (server, front, load average, cores).
         notes: Pipelines left out and why.
         started: Start time (epoch seconds).
         api_costs: The API gateway's cost (``--api-cost``), per pipeline and concurrency.
@@ -119,46 +117,36 @@ class BenchRun:
     api_costs: list[ApiCost] = field(default_factory=list)
 
 
-def _guard_default() -> bool:
-    from tools.serve.server import resolve_binary
-    from tools.serve.server_config import binary_options
-
-    return "--http-max-input-size" not in binary_options(resolve_binary(None))
-
-
 @contextlib.contextmanager
 def _server(plan: BenchPlan, say: Say,
             conditions: dict[str, Any]) -> Iterator[tuple[dict[str, str], Roles | None]]:
-    """Protocol -> endpoint of the server measured (``http`` through the guard if it has one),
-    and the processes of the run by role, found once at the start (None for a server given by
-    URL: not ours to watch)."""
+    """Protocol -> endpoint of the server measured (through the front if it has one), and the
+    processes of the run by role, found once at the start (None for a server given by URL: not
+    ours to watch)."""
     if plan.url and plan.grpc_url:
-        conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", http_guard=None)
+        conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", front=None)
         yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url,
                TRITON_HTTP: plan.url}, None
         return
-    from tools.serve.http_guard import GuardLimits
+    from tools.front.plan import Limits
+    from tools.front.process import find_haproxy
     from tools.serve.overload import roles
     from tools.serve.server import EmbeddedServer
-    from tools.serve.server_config import HTTP_MAX_INPUT_SIZE
 
-    guard = _guard_default() if plan.http_guard is None else plan.http_guard
+    front = find_haproxy() is not None if plan.front is None else plan.front
     server = EmbeddedServer(plan.repository, log_path=plan.output / "tritonserver.log",
-                            exit_timeout_s=10, http_guard=GuardLimits() if guard else None,
-                            grpc_guard=HTTP_MAX_INPUT_SIZE if plan.grpc_guard else None)
-    conditions.update(server="embedded", http_guard=guard, grpc_guard=plan.grpc_guard)
-    guards = " and ".join(name for name, on in (("HTTP", guard), ("gRPC", plan.grpc_guard)) if on)
+                            exit_timeout_s=10, front=Limits() if front else None)
+    conditions.update(server="embedded", front=front)
     say(f"starting the embedded tritonserver on {plan.repository} "
-        f"({f'guards: {guards}' if guards else 'no guards'}) ...")
+        f"({'through the front' if front else 'no front'}) ...")
     server.start(timeout_s=300)
     try:
         say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
         found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url,
                  TRITON_HTTP: server.triton_http_url}
-        if plan.guard_cost and guard:
-            found[UNGUARDED] = server.triton_http_url
-        if plan.guard_cost and plan.grpc_guard:
-            found[UNGUARDED_GRPC] = server.triton_grpc_url
+        if plan.front_cost and front:
+            found[DIRECT] = server.triton_http_url
+            found[DIRECT_GRPC] = server.triton_grpc_url
         yield found, roles(server.pid, server.models)
     finally:
         server.stop()
@@ -291,12 +279,11 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
 
     Raises:
         UserInputError: the spec is invalid, a pipeline is unknown or not built, ``data`` does not
-            fit one, or ``guard_cost`` is asked without an embedded guarded server.
+            fit one, or ``front_cost`` is asked without an embedded server with a front.
     """
-    if plan.guard_cost and (plan.url or (plan.http_guard is False and not plan.grpc_guard)):
-        raise UserInputError("--guard-cost measures around the guards of the embedded server: "
-                             "leave out --url/--grpc-url, and --no-http-guard with "
-                             "--no-grpc-guard")
+    if plan.front_cost and (plan.url or plan.front is False):
+        raise UserInputError("--front-cost measures around the front of the embedded server: "
+                             "leave out --url/--grpc-url and --no-front")
     from tools.build_repo.spec import load_spec
 
     targets, notes = resolve(plan.repository, load_spec(plan.spec_path), plan.pipelines,
@@ -312,10 +299,9 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
     _limits(run, say)
     run.conditions["load_average_start"] = round(os.getloadavg()[0], 2)
     with _server(plan, say, run.conditions) as (endpoints, roles):
-        if plan.guard_cost and not set(AROUND) & set(endpoints):
-            raise UserInputError("--guard-cost: the server has no guard (the binary has "
-                                 "--http-max-input-size and --no-grpc-guard was given); nothing "
-                                 "to measure around")
+        if plan.front_cost and not set(AROUND) & set(endpoints):
+            raise UserInputError("--front-cost: the server has no front (haproxy is not "
+                                 "installed); nothing to measure around")
         for target in targets:
             _sweep(run, target, endpoints, say, roles)
         if plan.api_cost:

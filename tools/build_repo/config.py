@@ -395,7 +395,7 @@ def queue_stall_advisories(configs: dict[str, TritonModelConfig], names: list[st
             notes.append(
                 f"{name}: one instance with max_queue_size {batching.queue_policy.max_queue_size}; "
                 f"under overload Triton's batcher can leave a lone instance idle for up to "
-                f"{LONE_INSTANCE_STALL_MS} ms when the queue is full (docs/faults.md). "
+                f"{LONE_INSTANCE_STALL_MS} ms when the queue is full (docs/reliability.md). "
                 "Use `instances: {cpu: {count: 2, intra_op_threads: 1}}` (or count >= 2 on gpu)."
             )
     return notes

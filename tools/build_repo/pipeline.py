@@ -28,6 +28,8 @@ from tools.build_repo.repository import VERSION, Staging, locked, recover_interr
 from tools.build_repo.results import BuildResult, ModelResult, ModelStatus
 from tools.build_repo.spec import TARGETS, RepoSpec, load_spec
 from tools.errors import BuildError, ToolkitError, UserInputError
+from tools.front import haproxy_config
+from tools.front.plan import FrontPlan
 
 
 def _now() -> str:
@@ -134,6 +136,7 @@ class _Build:
                     error = self._one(builder, result)
                 if error is None:
                     self._write_manifest()
+                    self._write_front()
         finally:
             if self.staging is not None:
                 self.staging.abort()  # a failure, or an interrupt: the repository is untouched
@@ -160,6 +163,11 @@ class _Build:
             current = None
         if text != current:  # e.g. refreshed weights stat records
             write_atomically(path, text)
+
+    def _write_front(self) -> None:
+        """The front's HAProxy config for the repository as it now is (every model's config,
+        built this time or not), beside the models: compose and the pod run it from there."""
+        haproxy_config.write(FrontPlan.from_repository(self.output), self.output)
 
     def _one(self, builder, result: ModelResult) -> BaseException | None:
         """Skip or build one model into staging; returns the error instead of raising it."""

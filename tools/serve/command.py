@@ -18,10 +18,11 @@ from tools.errors import ServerError, UserInputError
 from tools.serve import health
 from tools.serve.recovery import DEFAULT_METRICS_PORT, Backoff, ModelRecovery, RestartBudget
 from tools.serve.recovery import StatusEndpoint
-from tools.serve.http_guard import GuardLimits
-from tools.serve.server import STOP_GRACE_S, EmbeddedServer, resolve_binary
+from tools.front.plan import Limits
+from tools.front.process import INSTALL_HINT, find_haproxy, stop_fronts_of
+from tools.serve.server import STOP_GRACE_S, EmbeddedServer
 from tools.serve.server_log import log_tail
-from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, LOOPBACK, OPEN_ADMIN_ENV, binary_options
+from tools.serve.server_config import HTTP_MAX_INPUT_SIZE, LOOPBACK, OPEN_ADMIN_ENV
 
 _WATCH_INTERVAL_S = 1.0
 _PROBE_INTERVAL_S = 15.0  # as the compose healthcheck: every 15 s, 3 failures in a row
@@ -43,12 +44,13 @@ def _describe(server: EmbeddedServer) -> str:
         [
             f"tritonserver ready: pid {server.pid}, log {server.log_path}",
             f"http     {server.http_url}",
-            *([f"guard    HTTP bodies up to {server.http_guard.max_body_bytes} bytes, JSON shapes "
-               f"checked; tritonserver's own HTTP on {server.triton_http_url}"]
-              if server.http_guard else []),
-            *([f"guard    gRPC messages up to {server.grpc_guard} bytes; tritonserver's own gRPC "
-               f"on {server.triton_grpc_url}"] if server.grpc_guard else []),
             f"grpc     {server.grpc_url}",
+            *([f"front    HAProxy: HTTP bodies and gRPC messages up to "
+               f"{server.front_limits.max_body_bytes} and "
+               f"{server.front_limits.max_grpc_message_bytes} bytes, SLO admission for "
+               f"{len(server.front.plan.objectives)} models; tritonserver's own HTTP "
+               f"{server.triton_http_url}, gRPC {server.triton_grpc_url}"]
+              if server.front is not None else []),
             f"metrics  http://{server.metrics_url}/metrics",
             f"models   {', '.join(server.models)}",
         ]
@@ -68,6 +70,7 @@ def _stop_from_pid_file(pid_file: Path, exit_timeout: int) -> None:
             "(stale file removed)"
         )
     regions = process.stub_shm_regions(pid)
+    stop_fronts_of(pid)  # its front first: requests it holds are answered, idle links closed
     survivors = process.stop(pid, exit_timeout + STOP_GRACE_S)
     if survivors:
         raise ServerError(f"processes {survivors} of tritonserver group {pid} survived SIGKILL")
@@ -194,7 +197,7 @@ def _serve_until_signal(
                 on_event=lambda event: click.echo(event.describe(), err=True),
             )
         except ServerError as exc:
-            if server.poll() is None and server.guard_running:
+            if server.poll() is None and server.front_running:
                 raise
             # e.g. Triton 2.51 aborts (std::bad_alloc) on a JSON shape whose byte size overflows
             reason = str(exc)
@@ -323,34 +326,26 @@ def _port_option(kind: str, default: int, what: str):
     f"{OPEN_ADMIN_ENV}=1]. Without it such a binary is refused.",
 )
 @click.option(
-    "--http-guard/--no-http-guard",
+    "--front/--no-front",
     default=None,
-    help="Put a guard in front of tritonserver's HTTP port that refuses bodies over "
-    "--max-body-bytes (413) and JSON shapes their body cannot hold (400) before tritonserver "
-    "reads them [default: on for a binary without --http-max-input-size, such as the "
-    "nvidia-pytriton wheel's 2.51].",
-)
-@click.option(
-    "--grpc-guard/--no-grpc-guard",
-    default=True,
-    show_default=True,
-    help="Put a guard in front of tritonserver's gRPC port that refuses messages over "
-    "--max-grpc-message-bytes (RESOURCE_EXHAUSTED) before tritonserver reads them (no Triton "
-    "release has a gRPC message-size flag).",
-)
-@click.option(
-    "--max-grpc-message-bytes",
-    type=click.IntRange(1),
-    default=HTTP_MAX_INPUT_SIZE,
-    show_default=True,
-    help="Largest gRPC message (the gRPC guard's bound).",
+    help="Put HAProxy in front of tritonserver (request limits, strict HTTP, per-model SLO "
+    "admission) [default: on where haproxy is installed; without it tritonserver serves the "
+    "ports itself, and this says so].",
 )
 @click.option(
     "--max-body-bytes",
     type=click.IntRange(1),
     default=HTTP_MAX_INPUT_SIZE,
     show_default=True,
-    help="Largest HTTP request body (the guard's bound, or --http-max-input-size on Triton 25.x+).",
+    help="Largest HTTP request body (the front's 413; also --http-max-input-size on Triton "
+    "25.x+).",
+)
+@click.option(
+    "--max-grpc-message-bytes",
+    type=click.IntRange(1),
+    default=HTTP_MAX_INPUT_SIZE,
+    show_default=True,
+    help="Largest gRPC message (the front's RESOURCE_EXHAUSTED).",
 )
 def serve(
     repository: Path,
@@ -372,10 +367,9 @@ def serve(
     pid_file: Path | None,
     probes: Path | None,
     allow_open_admin_apis: bool,
-    http_guard: bool | None,
-    grpc_guard: bool,
-    max_grpc_message_bytes: int,
+    front: bool | None,
     max_body_bytes: int,
+    max_grpc_message_bytes: int,
 ) -> None:
     """Run tritonserver on a model repository, bound to 127.0.0.1.
 
@@ -400,17 +394,17 @@ def serve(
     local users in /proc/PID/cmdline: it guards a loopback-only development server against
     accidents, not against other users of the machine.
 
-    HTTP request bodies are bounded to --max-body-bytes (16 MiB, as in docker-compose.yml):
-    by tritonserver's --http-max-input-size on Triton 25.x or later; the 2.51 binary of the
-    nvidia-pytriton wheel lacks it and reads any body whole, so a guard process holds the public
-    HTTP port and forwards to tritonserver on a loopback port of its own (--no-http-guard to
-    leave it out). gRPC messages are bounded to --max-grpc-message-bytes by a gRPC guard on the
-    public gRPC port (no Triton release has a flag for it; --no-grpc-guard to leave it out).
-    Both guards admit each model's inference requests by its P99 objective (admission_p99_ms,
-    rendered from the SLO file): past latency target x measured throughput in flight a request
-    is refused at once (HTTP 503 with Retry-After, gRPC UNAVAILABLE with retry pushback), for
-    direct calls to a model as for its pipelines.
-    docs/guards.md has what each guard refuses and what it costs.
+    HAProxy holds the public HTTP and gRPC ports, with the configuration tools build-repo
+    renders for every path (compose and Kubernetes run the same), and tritonserver listens on
+    loopback ports of its own behind it: bodies over --max-body-bytes get 413 and gRPC messages
+    over --max-grpc-message-bytes RESOURCE_EXHAUSTED before tritonserver reads them, HTTP is
+    parsed strictly (ambiguous framing refused or re-framed), and each model's inference
+    requests are admitted by its P99 objective (admission_p99_ms, rendered from the SLO file):
+    past latency target x measured throughput in flight a request is refused after a short
+    hold (HTTP 503 with Retry-After, gRPC UNAVAILABLE with retry pushback), for direct calls to
+    a model as for its pipelines. Without haproxy installed (or with --no-front)
+    tritonserver serves the ports itself, on 127.0.0.1 only, with none of this.
+    docs/serving.md has what the front refuses and what it costs.
 
     \b
     For scripts:
@@ -427,8 +421,12 @@ def serve(
     requests = health.read_probes(probes)
     for problem in cpu_isa.mismatches(repository):
         click.echo(f"warning: {problem}", err=True)
-    if http_guard is None:
-        http_guard = "--http-max-input-size" not in binary_options(resolve_binary(binary))
+    if front is None:
+        front = find_haproxy() is not None
+        if not front:
+            click.echo(f"note: haproxy is not installed, so tritonserver serves 127.0.0.1 itself, "
+                       f"without the front (no request limits, no SLO admission): "
+                       f"{INSTALL_HINT}", err=True)
     server = EmbeddedServer(
         repository,
         http_port=http_port,
@@ -438,10 +436,9 @@ def serve(
         log_path=log_file,
         exit_timeout_s=exit_timeout,
         allow_open_admin_apis=allow_open_admin_apis or None,
-        http_guard=GuardLimits(max_body_bytes, max(4 * max_body_bytes, 64 * 2**20))
-        if http_guard else None,
+        front=Limits(max_body_bytes=max_body_bytes, max_grpc_message_bytes=max_grpc_message_bytes)
+        if front else None,
         max_body_bytes=max_body_bytes,
-        grpc_guard=max_grpc_message_bytes if grpc_guard else None,
     )
     if background:
         _start_in_background(server, pid_file, start_timeout, requests)

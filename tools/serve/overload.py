@@ -30,7 +30,7 @@ from tools.stats import Window, summarize
 
 # Where a refusal happened, by the words of its message (first match wins).
 REFUSED_BY = (
-    ("guard", "is over its latency target"),  # tools/serve/admission.py
+    ("front", "is over its latency target"),  # the front's admission (tools/front)
     ("triton queue", "Exceeds maximum queue size"),  # a model's max_queue_size
     ("triton queue timeout", "Request timeout expired"),  # a model's queue timeout
     ("gate", "overloaded: "),  # a first step's queue gate (pipeline_ops/admission.py)
@@ -108,26 +108,21 @@ def burst_heads(url: str, request: bytes, count: int, timeout_s: float = 30.0) -
 
 
 def roles(server_pid: int, models: Sequence[str]) -> dict[str, list[int]]:
-    """The processes of a load run by role: tritonserver, the stubs of each model, each guard of
-    this server (with its children: the HTTP guard's native front), and this process (the load
-    generator)."""
+    """The processes of a load run by role: tritonserver, the stubs of each model, the front of
+    this server (its runner and HAProxy), and this process (the load generator)."""
+    from tools.front.process import fronts_of
+
     found: dict[str, list[int]] = {"tritonserver": [server_pid], "load generator": [os.getpid()]}
     by_length = sorted(models, key=len, reverse=True)
     for instance, pid in process.stub_processes(server_pid).items():
         model = next((m for m in by_length if instance.startswith(f"{m}_")), instance)
         found.setdefault(f"stubs {model}", []).append(pid)
-    for child in psutil.Process().children():
-        try:
-            argv = child.cmdline()
+    for front in fronts_of(server_pid):
+        try:  # HAProxy's master and worker are its children
+            children = [p.pid for p in psutil.Process(front).children(recursive=True)]
         except psutil.Error:
-            continue
-        guard = next((g for g in ("http_guard", "grpc_guard") if f"tools.serve.{g}" in argv), None)
-        if guard and str(server_pid) in argv:
-            try:  # the HTTP guard's native front is its child
-                front = [p.pid for p in child.children(recursive=True)]
-            except psutil.Error:
-                front = []
-            found.setdefault(guard.replace("_", " "), []).extend([child.pid, *front])
+            children = []
+        found.setdefault("front", []).extend([front, *children])
     return found
 
 

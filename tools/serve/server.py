@@ -2,8 +2,9 @@
 
 ``EmbeddedServer`` starts, watches and stops the process; its flags and admin policy live in
 ``server_config``, its log in ``server_log``, its health and admin calls in ``health`` and
-``model_control`` (``.control``), its guards in ``guards``, its processes in ``tools.process``,
-its ports in ``tools.net``; ``session`` holds a server for the length of one command.
+``model_control`` (``.control``), its front in ``tools.front``, its processes in
+``tools.process``, its ports in ``tools.net``; ``session`` holds a server for the length of one
+command.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from tritonclient.utils import InferenceServerException
 
 from tools import process
 from tools.errors import ServerError, UserInputError
+from tools.front.plan import FrontPlan, Limits
+from tools.front.process import INSTALL_HINT, FrontProcess, find_haproxy
 from tools.net import LOOPBACK, choose_ports
-from tools.serve import guards, health
+from tools.serve import health
 from tools.serve.backend_dir import (
     backend_directory,
     default_binary,
     installed_backends,
     stub_environment,
 )
-from tools.serve.http_guard import GuardLimits
 from tools.serve.model_control import ModelControl, admin_headers
 from tools.serve.model_control import watch as watch_server
 from tools.serve.server_config import (
@@ -53,7 +55,7 @@ BINARY_ENV = "TRITONSERVER_BINARY"
 METRICS_URL_ENV = "TRITON_FORGE_METRICS_URL"
 STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, stopping stubs
 _READY_TIMEOUT_S = 2.0
-# tritonserver's own ports when a guard holds the public one
+# tritonserver's own ports when the front holds the public ones
 _TRITON_HTTP, _TRITON_GRPC = "Triton HTTP", "Triton GRPC"
 
 
@@ -90,11 +92,12 @@ class EmbeddedServer:
     environment variable for it): it keeps casual or accidental callers off the loopback-bound
     admin APIs of a development server, and is no protection against other local users.
 
-    HTTP request size: binaries that have ``--http-max-input-size`` (Triton 25.x+) get
-    ``max_body_bytes`` (docker-compose.yml's 16 MiB); the 2.51 binary of the nvidia-pytriton
-    wheel lacks the option and reads any body whole: ``http_guard`` bounds it in front. No
-    Triton has a gRPC message-size flag (``grpc_server.cc`` takes INT32_MAX): ``grpc_guard``
-    bounds it in front. Guards are ``tools.serve.guards`` children of their own.
+    With ``front``, HAProxy (``tools.front``) holds the public HTTP and gRPC ports and
+    tritonserver listens on free loopback ports behind it: the front bounds request and message
+    sizes, parses HTTP strictly and admits each model's requests by its P99 objective. Binaries
+    that have ``--http-max-input-size`` (Triton 25.x+) also get ``max_body_bytes``; the 2.51
+    binary of the nvidia-pytriton wheel lacks it and reads any body whole, and no Triton has a
+    gRPC message-size flag: without the front, nothing bounds them.
 
     Args:
         model_repository: The repository folder (one sub-folder per model).
@@ -111,13 +114,10 @@ class EmbeddedServer:
             ``--http-restricted-api`` / ``--grpc-restricted-protocol``), leaving them open;
             defaults to ``$TRITON_FORGE_ALLOW_OPEN_ADMIN_APIS=1``. Otherwise such a binary is
             refused.
-        http_guard: Put ``tools.serve.http_guard`` on the HTTP port, with these limits, and
-            tritonserver's own HTTP endpoint on a free loopback port behind it (``tools serve``
-            does for a binary without ``--http-max-input-size``).
+        front: Put the front (HAProxy and its admission controller) on the HTTP and gRPC
+            ports, with these limits, and tritonserver's own endpoints on free loopback ports
+            behind it. Needs haproxy (``tools.front.process.find_haproxy``).
         max_body_bytes: ``--http-max-input-size`` for a binary that has it.
-        grpc_guard: Put ``tools.serve.grpc_guard`` on the gRPC port, refusing messages over this
-            many bytes (``RESOURCE_EXHAUSTED``), and tritonserver's own gRPC endpoint on a free
-            loopback port behind it.
 
     Attributes:
         model_repository: The repository served.
@@ -138,19 +138,17 @@ class EmbeddedServer:
         exit_timeout_s: int = 30,
         extra_args: Sequence[str] = (),
         allow_open_admin_apis: bool | None = None,
-        http_guard: GuardLimits | None = None,
+        front: Limits | None = None,
         max_body_bytes: int = HTTP_MAX_INPUT_SIZE,
-        grpc_guard: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository)
         self._requested_ports = {"HTTP": http_port, "GRPC": grpc_port, "Metrics": metrics_port}
-        self.http_guard, self.grpc_guard = http_guard, grpc_guard
+        self.front_limits = front
         self.max_body_bytes = max_body_bytes
-        if http_guard is not None:
-            self._requested_ports[_TRITON_HTTP] = 0  # tritonserver's own, behind the guard
-        if grpc_guard is not None:
+        if front is not None:  # tritonserver's own ports, behind the front
+            self._requested_ports[_TRITON_HTTP] = 0
             self._requested_ports[_TRITON_GRPC] = 0
-        self._guards = guards.Guards()
+        self.front: FrontProcess | None = None
         self._ports: dict[str, int] = {}
         self._binary = binary
         self.log_path = Path(log_path) if log_path is not None else _default_log_path()
@@ -170,22 +168,22 @@ class EmbeddedServer:
     @property
     def http_url(self) -> str:
         """``127.0.0.1:PORT`` of the HTTP endpoint (as tritonclient expects it); with
-        ``http_guard``, the guard's."""
+        ``front``, the front's."""
         return f"{LOOPBACK}:{self._port('HTTP')}"
 
     @property
     def triton_http_url(self) -> str:
-        """``127.0.0.1:PORT`` of tritonserver's own HTTP endpoint (behind the guard, if any)."""
-        return f"{LOOPBACK}:{self._port(_TRITON_HTTP if self.http_guard else 'HTTP')}"
+        """``127.0.0.1:PORT`` of tritonserver's own HTTP endpoint (behind the front, if any)."""
+        return f"{LOOPBACK}:{self._port(_TRITON_HTTP if self.front_limits else 'HTTP')}"
 
     @property
     def triton_grpc_url(self) -> str:
-        """``127.0.0.1:PORT`` of tritonserver's own gRPC endpoint (behind the guard, if any)."""
-        return f"{LOOPBACK}:{self._port(_TRITON_GRPC if self.grpc_guard else 'GRPC')}"
+        """``127.0.0.1:PORT`` of tritonserver's own gRPC endpoint (behind the front, if any)."""
+        return f"{LOOPBACK}:{self._port(_TRITON_GRPC if self.front_limits else 'GRPC')}"
 
     @property
     def grpc_url(self) -> str:
-        """``127.0.0.1:PORT`` of the gRPC endpoint; with ``grpc_guard``, the guard's."""
+        """``127.0.0.1:PORT`` of the gRPC endpoint; with ``front``, the front's."""
         return f"{LOOPBACK}:{self._port('GRPC')}"
 
     @property
@@ -255,9 +253,9 @@ class EmbeddedServer:
             model_repository=str(self.model_repository.resolve()),
             backend_directory=str(self.backend_directory()),
             http_address=LOOPBACK,
-            http_port=self._port(_TRITON_HTTP if self.http_guard else "HTTP"),
+            http_port=self._port(_TRITON_HTTP if self.front_limits else "HTTP"),
             grpc_address=LOOPBACK,
-            grpc_port=self._port(_TRITON_GRPC if self.grpc_guard else "GRPC"),
+            grpc_port=self._port(_TRITON_GRPC if self.front_limits else "GRPC"),
             metrics_address=LOOPBACK,
             metrics_port=self._port("Metrics"),
             # Explicit control with every model loaded at start: the supervisor (and only it,
@@ -306,6 +304,8 @@ class EmbeddedServer:
         if self._proc is not None and self._proc.poll() is None:
             return self
         check_repository(self.model_repository)
+        if self.front_limits is not None and find_haproxy() is None:
+            raise UserInputError(f"the front needs haproxy, which is not installed: {INSTALL_HINT}")
         for attempt in range(3):
             self._choose_ports(keep=attempt == 0)
             try:
@@ -335,22 +335,21 @@ class EmbeddedServer:
                 f"{pending} (server log: {self.log_path})"
             )
         self._shm_regions = process.stub_shm_regions(self._proc.pid)
-        self._start_guards()
+        self._start_front()
         return self
 
-    def _start_guards(self) -> None:
-        """Start the guards on the public ports, each in a session of its own (they outlive a
-        ``detach``, and end by themselves once tritonserver is gone)."""
-        pid, wanted = self._proc.pid, []
-        if self.http_guard is not None:
-            wanted.append(guards.http_guard(self.http_guard, self._port("HTTP"),
-                                            self._port(_TRITON_HTTP), pid))
-        if self.grpc_guard is not None:
-            wanted.append(guards.grpc_guard(self.grpc_guard, self._port("GRPC"),
-                                            self._port(_TRITON_GRPC), pid,
-                                            self._port(_TRITON_HTTP if self.http_guard else "HTTP")))
+    def _start_front(self) -> None:
+        """Start the front on the public ports, in a session of its own (it outlives a
+        ``detach``, and ends by itself once tritonserver is gone)."""
+        if self.front_limits is None:
+            return
+        self.front = FrontProcess(
+            FrontPlan.from_repository(self.model_repository, self.front_limits),
+            find_haproxy(), http_port=self._port("HTTP"), grpc_port=self._port("GRPC"),
+            triton_http_port=self._port(_TRITON_HTTP), triton_grpc_port=self._port(_TRITON_GRPC),
+            watch_pid=self._proc.pid)
         try:
-            self._guards.start(wanted, self.log_path)
+            self.front.start(self.log_path)
         except ServerError:
             self.stop()
             raise
@@ -399,25 +398,26 @@ class EmbeddedServer:
             ServerError: tritonserver itself exited.
         """
         options["probes"] = options.get("probes") or None
-        end = watch_server(self.control, self._poll_with_guards, self.models, stubs, **options)
+        end = watch_server(self.control, self._poll_with_front, self.models, stubs, **options)
         if end.exit_code is not None:
-            exited = self._guards.exited()
-            if self.poll() is None and exited is not None:
-                raise ServerError(f"{exited.name} in front of tritonserver exited (exit code "
+            if self.poll() is None and self.front is not None and not self.front.running:
+                raise ServerError(f"{self.front.name} in front of tritonserver exited (exit code "
                                   f"{end.exit_code}) (server log: {self.log_path})")
             raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
                               f"(server log: {self.log_path})")
         return end.reason
 
     @property
-    def guard_running(self) -> bool:
-        """False when a guard of this server is not running."""
-        return self._guards.running
+    def front_running(self) -> bool:
+        """False when this server has a front and it is not running."""
+        return self.front is None or self.front.running
 
-    def _poll_with_guards(self) -> int | None:
-        """tritonserver's exit code, else that of a guard that has exited, else None."""
-        code, exited = self.poll(), self._guards.exited()
-        return exited.poll() if code is None and exited is not None else code
+    def _poll_with_front(self) -> int | None:
+        """tritonserver's exit code, else the front's if it has exited, else None."""
+        code = self.poll()
+        if code is None and self.front is not None:
+            return self.front.poll()
+        return code
 
     def stop(self) -> None:
         """Stop the server: in-flight requests get ``exit_timeout_s`` to finish, then SIGKILL
@@ -434,11 +434,14 @@ class EmbeddedServer:
         # regions. Only Python-backend stub processes are read, so a reused pid is harmless.
         self._shm_regions |= process.stub_shm_regions(self._proc.pid)
         try:
-            # the guard goes after tritonserver: responses of the drain still pass through it
+            # the front first: it stops listening, lets every request it holds be answered and
+            # closes its idle connections, so tritonserver then has nothing left to drain
+            if self.front is not None:
+                self.front.stop()
+                self.front = None
             survivors = process.stop(self._proc, self.exit_timeout_s + STOP_GRACE_S)
         finally:
             self._forget_finalizer()
-            self._guards.stop()
         if survivors:
             raise ServerError(
                 f"processes {survivors} of tritonserver group {self._proc.pid} survived SIGKILL"
@@ -460,7 +463,8 @@ class EmbeddedServer:
         pid = self._proc.pid
         # forget the children so Popen.__del__ does not warn; init reaps them later
         self._proc.returncode = 0
-        self._guards.detach()
+        if self.front is not None:
+            self.front.detach()
         return pid
 
     def __enter__(self) -> Self:

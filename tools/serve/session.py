@@ -8,6 +8,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tools.front.plan import Limits
+from tools.front.process import INSTALL_HINT, find_haproxy
 from tools.serve.server import EmbeddedServer
 
 
@@ -25,6 +27,15 @@ def endpoints(
         yield server.http_url, server.grpc_url
 
 
+def front_if_installed(say: Callable[[str], None]) -> Limits | None:
+    """The front's default limits where haproxy is installed (the server is measured as ``tools
+    serve`` runs it); else None, and ``say`` says so."""
+    if find_haproxy() is not None:
+        return Limits()
+    say(f"note: haproxy is not installed: measuring tritonserver without the front ({INSTALL_HINT})")
+    return None
+
+
 @contextlib.contextmanager
 def started_server(
     repository: Path, log_path: Path, say: Callable[[str], None], timeout_s: float = 300
@@ -34,7 +45,8 @@ def started_server(
     For the commands that measure against their own server (``tools loadtest``, ``tools bench``);
     ``say`` reports start and readiness (e.g. ``click.echo`` to stderr).
     """
-    server = EmbeddedServer(Path(repository), log_path=log_path, exit_timeout_s=10)
+    server = EmbeddedServer(Path(repository), log_path=log_path, exit_timeout_s=10,
+                            front=front_if_installed(say))
     say(f"starting the embedded tritonserver on {repository} ...")
     server.start(timeout_s=timeout_s)
     say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")

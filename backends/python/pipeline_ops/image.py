@@ -21,7 +21,7 @@ Decisions, kept identical in the served model and the in-process reference (both
   reduced DCT scale (draft mode) that still leaves the shorter side at least twice
   ``resize_shorter``: 4-5x faster decode + resize of a 12 MP photo, top-5 unchanged on the
   photos checked, where a draft down to ``resize_shorter`` itself moved rank 5 on 7 of 14
-  (docs/cpu-speed.md).
+  (docs/performance.md).
 * Values: ``(x - 127.5) / 127.5``, so pixels lie in [-1, 1], channels first. With the ``mean``
   and ``std`` parameters (per channel, on pixels scaled to [0, 1], as torchvision/timm declare
   them): ``(x / 255 - mean) / std``. ``channel_order`` ``BGR`` reverses the channels.
@@ -65,7 +65,7 @@ class PreprocessSettings:
         channel_order: ``RGB`` or ``BGR``, the order of the output channels.
         jpeg_draft: decode a large JPEG at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps the
             shorter side at least ``2 * resize_shorter`` (parameter ``jpeg_draft``, default on;
-            docs/cpu-speed.md has the gain and the top-5 check).
+            docs/performance.md has the gain).
     """
 
     image_size: int = 224
@@ -282,7 +282,7 @@ def preprocess(data: bytes, settings: PreprocessSettings, row: int | None = None
         InvalidInput: the image cannot be used (see ``decode``).
     """
     # Draft only down to twice the resize target: the bicubic resize still has pixels to
-    # average, and the top-5 stays that of the full decode (docs/cpu-speed.md).
+    # average, and the top-5 stays that of the full decode.
     draft_to = 2 * settings.resize_shorter if settings.jpeg_draft else 0
     image = decode(data, settings.max_pixels, draft_to, row)
     return normalise(resize_and_crop(image, settings.resize_shorter, settings.image_size), settings)

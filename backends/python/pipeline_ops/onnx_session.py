@@ -247,8 +247,8 @@ def openvino_properties(threads: int, precision: str) -> dict[str, Any]:
 
     One stream of ``threads`` threads, latency-oriented, and **no CPU pinning**: OpenVINO pins a
     stream's threads to cores by default, and two instances (two stub processes) then pin to the
-    same core and share it: served throughput fell from 358 to 186 texts/s on the 2-core machine
-    (docs/cpu-speed.md). ``bf16`` runs MatMuls in bfloat16 where the CPU has AVX512_BF16 or AMX;
+    same core and share it: served throughput fell from 358 to 186 texts/s on a 2-core machine.
+    ``bf16`` runs MatMuls in bfloat16 where the CPU has AVX512_BF16 or AMX;
     elsewhere OpenVINO runs fp32.
     """
     return {

@@ -310,7 +310,7 @@ class CpuSpec:
     quantize_exclude: tuple[str, ...] = Field(
         (),
         description="`fnmatch` patterns of node names kept in fp32 by `int8` (the most "
-        "quantization-sensitive MatMuls; docs/cpu-speed.md says how they were found).",
+        "quantization-sensitive MatMuls, found by quantizing one node at a time).",
     )
     calibration_texts: Omittable[str] = Field(
         None,

@@ -1,36 +1,33 @@
-"""SLO-aware admission in the guards: per model, work in flight ≤ latency target × throughput.
+"""SLO admission: per model, work in flight <= latency target x throughput.
 
 Little's law: the work a model holds (queued, batched, executing, on their way back) is its
-throughput times its latency. The guard in front of tritonserver counts exactly the requests it
-has sent to a model and not yet answered, each weighed by its size in bytes (a text of 256
-tokens is about ten times the work of one of 20, and its body about ten times the bytes), and
-measures how many bytes' worth it gets back per second, so it keeps each model's latency at its
-target by capping the bytes in flight at ``target × throughput``: a request over the cap is
-refused at once (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with
-retry pushback), before tritonserver parses it. The target comes from the model's P99 objective
-in the SLO file, rendered into its config as the parameter ``admission_p99_ms`` (the guard reads
-it from tritonserver's model-config API): an ensemble and each model called directly have their
-own cap, so a direct call to an encoder is bounded like the pipeline in front of it.
+throughput times its latency. The front counts the requests in flight to each model (HAProxy's
+per-model server ``maxconn``), and the controller (``tools.front.controller``) learns from every
+answered request, weighed by its size in bytes (a text of 256 tokens is about ten times the work
+of one of 20, and its body about ten times the bytes), how many bytes' worth the model answers
+per second, so it keeps each model's latency at its target by capping the bytes in flight at
+``target x throughput``, turned into requests of the mean size offered: a request over the cap is
+refused (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with retry pushback) before
+tritonserver parses it. The target comes from the model's P99 objective in the SLO file,
+rendered into its config as the parameter ``admission_p99_ms``: an ensemble and each model called
+directly have their own cap, so a direct call to an encoder is bounded like the pipeline in
+front of it.
 
-Little's law holds per class of requests sharing a queue, so the HTTP and the gRPC guard, each
-counting only its own requests, still keep the latency of both at the target. Before a model has
-measured its throughput the guard admits up to ``INITIAL_IN_FLIGHT`` (a cold burst at 4x would
-otherwise queue seconds of work at a model without a queue policy, and the target would then
-chase those latencies down).
+Little's law holds per class of requests sharing a queue, so HTTP and gRPC, each capped on its
+own backend, still keep the latency of both at the target. Before a model has measured its
+throughput the cap is ``INITIAL_IN_FLIGHT`` requests (a cold burst at 4x would otherwise queue
+seconds of work at a model without a queue policy, and the target would then chase those
+latencies down).
+
+Standard library only: it runs in the supervisor of the serving images too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
-LOOPBACK = "127.0.0.1"
-P99_PARAMETER = "admission_p99_ms"  # rendered by tools build-repo from the SLO file
 # The mean latency the cap starts at, as a share of the P99 objective: at the cap the queue is
 # held full, so latencies spread little around the mean. From there the measured P99 moves it.
 TARGET_SHARE = 0.75
@@ -48,7 +45,6 @@ MIN_IN_FLIGHT = 4  # the cap never goes below this (a model that answers slowly 
 UNCONGESTED_SHARE = 0.5
 INITIAL_IN_FLIGHT = 32  # the cap until the throughput is measured (as a closed loop of 32 users)
 COST_SHARE = 0.02  # weight of each offered request in the mean cost (about the last 50)
-CONFIG_TTL_S = 10.0  # a model's target is read again after this long (it may have been reloaded)
 
 
 class LatencyLimit:
@@ -56,7 +52,7 @@ class LatencyLimit:
 
     By Little's law the work in flight is throughput × latency, so capping it at
     ``target_s × rate`` keeps the mean latency at ``target_s``. Work is counted in cost units:
-    each request weighs its ``cost`` (the guards pass its size in bytes; 1 counts requests), so a
+    each request weighs its ``cost`` (the controller passes its size in bytes; 1 counts requests), so a
     burst of long texts fills the cap sooner than one of short texts and the queue ahead of a
     request holds about the same time of work whatever the mix (counted in requests, 54 texts
     in flight of 3-256 tokens held ±15 % of work from one moment to the next). ``rate`` is the
@@ -84,8 +80,6 @@ class LatencyLimit:
         self.p99_s = p99_s
         self.target_s = p99_s * TARGET_SHARE
         self.clock = clock
-        self.in_flight = 0  # requests
-        self.load = 0.0  # their cost
         self.mean_cost: float | None = None  # of the requests offered, averaged
         self.rate: float | None = None  # cost completed per second, averaged; None until measured
         self.peak = 0.0  # the best recent ``rate`` while on target
@@ -151,37 +145,30 @@ class LatencyLimit:
 
     def cap_terms(self, now: float | None = None) -> tuple[float, int]:
         """The cap as ``(cost units, requests)`` at ``now`` (None: the clock's now): it is the
-        larger of the first and that many requests of the mean cost (the HTTP guard's native
-        front, which averages the cost of what it is offered itself, is sent these, as of its
-        latest completion reported)."""
+        larger of the first and that many requests of the mean cost."""
         self._roll(self.clock() if now is None else now)
         if self.rate is None:
             return 0.0, INITIAL_IN_FLIGHT
         return (self.target_s * max(self.rate, self.peak),
                 MIN_IN_FLIGHT if self.congested else INITIAL_IN_FLIGHT)
 
-    def acquire(self, cost: float = 1.0) -> bool:
-        """Count one request of ``cost`` in flight if the cap allows; False: refuse it."""
+    def offer(self, cost: float = 1.0) -> None:
+        """One request of ``cost`` was offered to the model (admitted or not): it moves the
+        mean cost, which turns the cap into requests (``cap_requests``)."""
         self.mean_cost = cost if self.mean_cost is None else \
             (1 - COST_SHARE) * self.mean_cost + COST_SHARE * cost
-        if self.in_flight >= MIN_IN_FLIGHT and self.load + cost > self.cap():
-            return False
-        self.in_flight += 1
-        self.load += cost
-        return True
 
-    def release(self, started: float, ok: bool, cost: float = 1.0) -> None:
-        """One request of ``cost`` admitted at ``started`` has been answered (``ok``:
-        successfully)."""
-        now = self.clock()
-        self.in_flight -= 1
-        self.load = max(0.0, self.load - cost) if self.in_flight else 0.0
-        self.observe(now, now - started, ok, cost)
+    def cap_requests(self, now: float | None = None) -> int:
+        """The cap in requests, as HAProxy counts them: the cap in cost units over the mean
+        cost of the requests offered, at least the floor (``cap_terms``)."""
+        absolute, floor = self.cap_terms(now)
+        if self.mean_cost is None or self.mean_cost <= 0:
+            return floor
+        return max(floor, math.ceil(absolute / self.mean_cost))
 
     def observe(self, now: float, latency: float, ok: bool, cost: float = 1.0) -> None:
         """Learn from one request of ``cost`` answered at ``now`` after ``latency`` seconds
-        (``ok``: successfully); ``release`` calls it, and the HTTP guard's native front, whose
-        requests are counted in flight in C, reports its completions to it."""
+        (``ok``: successfully): the controller reads each from the front's log."""
         self._roll(now)
         if not ok:  # an error says nothing of how fast the model answers
             return
@@ -198,107 +185,3 @@ class LatencyLimit:
     def retry_after_s(self) -> float:
         """When a refused client may try again: by then what is in flight has been answered."""
         return self.target_s
-
-
-@dataclass(frozen=True)
-class Target:
-    """A model's P99 objective as read from its config (None: it has none), and when."""
-
-    p99_ms: float | None
-    read_at: float
-
-
-def target_of(config: dict) -> float | None:
-    """``admission_p99_ms`` of a model config (Triton's JSON form), or None."""
-    value = (config.get("parameters") or {}).get(P99_PARAMETER, {}).get("string_value")
-    try:
-        p99 = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return p99 if p99 and p99 > 0 else None
-
-
-async def fetch_config(port: int, model: str, timeout_s: float = 5.0) -> dict:
-    """``GET /v2/models/<model>/config`` from tritonserver's HTTP port on loopback."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), timeout_s)
-    try:
-        writer.write(f"GET /v2/models/{model}/config HTTP/1.1\r\nHost: {LOOPBACK}\r\n"
-                     f"Connection: close\r\n\r\n".encode())
-        raw = await asyncio.wait_for(reader.read(), timeout_s)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status = head.partition(b"\r\n")[0].decode("latin-1")
-    if not status.startswith("HTTP/1.1 200"):
-        raise OSError(f"model config of {model!r}: {status}")
-    return json.loads(body)
-
-
-class SloAdmission:
-    """Admission by latency target per model, for the HTTP and the gRPC guard (an
-    ``http_guard.Admission``).
-
-    Args:
-        config_port: tritonserver's HTTP port on loopback (its model-config API).
-        overloaded: The guard's exception for a refusal, called with the message and
-            ``retry_after_s`` (the guard runs as ``__main__``, so it hands its own class in).
-        clock: Seconds, monotonic.
-        read_config: Reads a model's config (``fetch_config`` by default).
-    """
-
-    def __init__(self, config_port: int, overloaded: type[Exception],
-                 clock: Callable[[], float] = time.monotonic,
-                 read_config: Callable[[int, str], Awaitable[dict]] | None = None) -> None:
-        self.config_port = config_port
-        self.overloaded = overloaded
-        self._read_config = read_config or fetch_config
-        self.clock = clock
-        self.limits: dict[str, LatencyLimit] = {}
-        self._targets: dict[str, Target] = {}
-        self._asking: set[str] = set()
-
-    def admit(self, model: str, size: int = 1) -> Callable[[int], None] | None:
-        """Count a request of ``size`` bytes to ``model`` in, or raise ``Overloaded``; the
-        callable counts it out."""
-        limit = self.limit_of(model)
-        if limit is None:
-            return None
-        cost = float(max(size, 1))
-        if not limit.acquire(cost):
-            raise self.overloaded(f"model '{model}' is over its latency target ({limit.in_flight} "
-                             f"requests in flight, P99 objective {limit.p99_s * 1000:g}"
-                             f" ms); retry later", retry_after_s=limit.retry_after_s)
-        started = self.clock()
-        return lambda status: limit.release(started, status == 200, cost)
-
-    def target_known(self, model: str) -> bool:
-        """Whether ``model``'s config has been read (with or without a target)."""
-        return model in self._targets
-
-    def limit_of(self, model: str) -> LatencyLimit | None:
-        """``model``'s limit, or None while it has no target known; (re)reads its target when
-        it was never read or is older than ``CONFIG_TTL_S``."""
-        target = self._targets.get(model)
-        if (target is None or self.clock() - target.read_at > CONFIG_TTL_S) \
-                and model not in self._asking:
-            self._asking.add(model)
-            asyncio.get_running_loop().create_task(self._read_target(model))
-        if target is None or target.p99_ms is None:
-            return None
-        p99_s = target.p99_ms / 1000
-        limit = self.limits.get(model)
-        if limit is None or limit.p99_s != p99_s:
-            limit = self.limits[model] = LatencyLimit(p99_s, self.clock)
-        return limit
-
-    async def _read_target(self, model: str) -> None:
-        try:
-            p99 = target_of(await self._read_config(self.config_port, model))
-        except (OSError, ValueError, asyncio.TimeoutError) as exc:
-            if model not in self._targets:
-                print(f"admission: no latency target for model {model!r} ({exc}); its requests "
-                      f"are admitted", file=sys.stderr, flush=True)
-            p99 = None
-        finally:
-            self._asking.discard(model)
-        self._targets[model] = Target(p99, self.clock())
