@@ -384,4 +384,41 @@ def test_bench_reports_the_gateways_cost_next_to_direct_http(served, tmp_path):
                                                                      "/v1/embeddings", 2)
     assert len(cost["ratios"]) == 2 and all(r > 0 for r in cost["ratios"])
     assert all(p["errors"] == 0 for p in cost["direct"] + cost["through"])
+    assert all(us > 0 for us in cost["gateway_cpu_us_per_request"])
     assert "API gateway cost embedder c=2" in result.stdout
+
+
+def test_the_front_serves_the_apis_and_kserve_v2_on_one_public_port(served, tmp_path):
+    """HAProxy (``tools/front``) in front of tritonserver and the gateway, as ``tools serve``
+    will run them: the API paths go to the gateway, ``/v2/`` to tritonserver."""
+    from tools.api.kinds import front_paths
+    from tools.front.plan import FrontPlan
+    from tools.front.process import FrontProcess, find_haproxy
+    from tools.net import free_ports
+
+    haproxy = find_haproxy()
+    if haproxy is None:
+        pytest.skip("haproxy is not installed (apt-get install haproxy)")
+    server, api = served["server"], served["api"]
+    http_port, grpc_port = free_ports(2)
+    front = FrontProcess(
+        FrontPlan.from_repository(served["root"] / "repo", gateway_paths=front_paths()), haproxy,
+        http_port=http_port, grpc_port=grpc_port,
+        triton_http_port=int(server.triton_http_url.rpartition(":")[2]),
+        triton_grpc_port=int(server.triton_grpc_url.rpartition(":")[2]), watch_pid=server.pid,
+        gateway_port=api.port)
+    front.start(tmp_path / "front.log")
+    try:
+        public = {**served, "base": f"http://127.0.0.1:{http_port}"}
+        status, answer = _post(public, "/v1/embeddings", {"model": "embedder", "input": ["a", "b"]})
+        assert status == 200 and len(answer["data"]) == 2
+        assert _post(public, "/rerank", {"query": "q", "texts": ["a"]})[0] == 200
+        assert _get(public, "/health")[0] == 200
+        assert _get(public, "/v1/models")[1]["data"][0]["id"] == "embedder"
+        with urllib.request.urlopen(f"{public['base']}/v2/models/embedder/ready",
+                                    timeout=30) as response:
+            assert response.status == 200  # tritonserver's own API, untouched
+        status, refused = _post(public, "/embed", {"inputs": []})
+        assert (status, refused["error_type"]) == (400, "Empty")
+    finally:
+        front.stop()

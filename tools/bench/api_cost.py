@@ -5,7 +5,8 @@ Both arms send the same requests (the pipeline's scenario: the same texts, as ma
 with the same raw HTTP sender at the same concurrency: KServe v2 JSON to Triton's
 ``/v2/models/<pipeline>/infer``, and the API's JSON to the gateway, which calls that same Triton.
 Rounds alternate the arms (direct first in even rounds) so a machine that slows down weighs on
-both; each round's ratio is through / direct.
+both; each round's ratio is through / direct. The gateway's own CPU over each through-window,
+per request, is the part of its cost that the noise of shared cores moves least.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tools.errors import UserInputError
 from tools.load import Point, Request
 
 Say = Callable[[str], None]
+GATEWAY = "gateway"  # the role of the gateway's process in the through-arm's Cores meter
 
 
 @dataclass
@@ -51,6 +53,17 @@ class ApiCost:
                 for d, t in zip(self.direct, self.through)]
 
     @property
+    def gateway_us(self) -> list[float | None]:
+        """Per round, the gateway's CPU per request through it (µs; None: not metered)."""
+        out = []
+        for point in self.through:
+            cores = (point.meters.get("cores") or {}).get(GATEWAY)
+            answered = point.requests + point.errors
+            out.append(cores * point.seconds / answered * 1e6 if cores is not None and answered
+                       else None)
+        return out
+
+    @property
     def median_ratio(self) -> float:
         """The median of the rounds' ratios."""
         return statistics.median(self.ratios) if self.ratios else 0.0
@@ -61,7 +74,8 @@ class ApiCost:
                 "rows_per_request": self.rows_per_request,
                 "direct": [p.to_dict() for p in self.direct],
                 "through": [p.to_dict() for p in self.through],
-                "ratios": self.ratios, "median_ratio": self.median_ratio}
+                "ratios": self.ratios, "median_ratio": self.median_ratio,
+                "gateway_cpu_us_per_request": self.gateway_us}
 
 
 def _texts_per_s(point: Point, rows_per_request: float) -> str:
@@ -72,10 +86,12 @@ def round_line(cost: ApiCost, index: int) -> str:
     """One round: texts/s and P99 of both arms, and their ratio."""
     d, t = cost.direct[index], cost.through[index]
     p99 = lambda p: "-" if p.p99_ms is None else f"{p.p99_ms:.0f}"  # noqa: E731
+    cpu = cost.gateway_us[index]
     return (f"  round {index + 1}: direct {_texts_per_s(d, cost.rows_per_request)} texts/s "
             f"(P99 {p99(d)} ms, errors {d.errors}), through {cost.path} "
             f"{_texts_per_s(t, cost.rows_per_request)} texts/s (P99 {p99(t)} ms, errors "
-            f"{t.errors}): {cost.ratios[index]:.3f}")
+            f"{t.errors}{'' if cpu is None else f', gateway CPU {cpu:.0f} us a request'}): "
+            f"{cost.ratios[index]:.3f}")
 
 
 def cost_line(cost: ApiCost) -> str:
@@ -100,7 +116,7 @@ def route_of(scenario: Any) -> Any | None:
 
 def measure(targets: Sequence[Any], triton_url: str, gateway_url: str, *,
             levels: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
-            say: Say) -> list[ApiCost]:
+            say: Say, gateway_pid: int | None = None) -> list[ApiCost]:
     """Every target the APIs serve, at each concurrency, ``rounds`` rounds each.
 
     Args:
@@ -111,6 +127,7 @@ def measure(targets: Sequence[Any], triton_url: str, gateway_url: str, *,
         rounds: Rounds per level; arms alternate (direct first in even rounds).
         warmup_s, duration_s: Of each point.
         say: Progress lines.
+        gateway_pid: The gateway's process, metered over each through-window (None: not).
     """
     costs = []
     for target in targets:
@@ -124,11 +141,13 @@ def measure(targets: Sequence[Any], triton_url: str, gateway_url: str, *,
         for level in levels:
             cost = ApiCost(target.name, route.path, level, per_request)
             for index in range(rounds):
-                arms = [(direct, triton_url, cost.direct), (through, gateway_url, cost.through)]
-                for requests, url, points in (arms if index % 2 == 0 else arms[::-1]):
+                metered = [load.Cores({GATEWAY: [gateway_pid]})] if gateway_pid else []
+                arms = [(direct, triton_url, cost.direct, []),
+                        (through, gateway_url, cost.through, metered)]
+                for requests, url, points, meters in (arms if index % 2 == 0 else arms[::-1]):
                     point = load.run(requests, load.sender_for("raw-http", url),
                                      load.ClosedLoop(level), warmup_s=warmup_s,
-                                     duration_s=duration_s)
+                                     duration_s=duration_s, meters=meters)
                     points.append(point)
                 say(round_line(cost, index))
             say(cost_line(cost))

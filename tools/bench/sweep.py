@@ -263,7 +263,8 @@ def _api_cost(run: BenchRun, triton_url: str, say: Say) -> list[ApiCost]:
             "direct and through it alternating")
         return api_cost.measure(run.targets, triton_url, gateway.url, levels=plan.levels,
                                 rounds=plan.api_rounds, warmup_s=plan.warmup_s,
-                                duration_s=plan.duration_s, say=say)
+                                duration_s=plan.duration_s, say=say,
+                                gateway_pid=gateway.pid)
 
 
 def _p99s(passes: list[Point]) -> str:
