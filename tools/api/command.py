@@ -5,6 +5,7 @@ front of a running Triton.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import click
@@ -39,6 +40,9 @@ def run(url: str, repository: Path, host: str, port: int, limits: Limits,
 
     from tools.api.app import create_app
 
+    # The tokenizer runs once per request on a few texts: without its thread pool, whose
+    # threads spin after each batch on the cores tritonserver needs.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     loop, http = _loop_and_parser()
     app = create_app(url, repository, limits, tei_models)

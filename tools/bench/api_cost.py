@@ -3,7 +3,8 @@ serve, through the gateway and straight to Triton, in one run.
 
 Both arms send the same requests (the pipeline's scenario: the same texts, as many per request)
 with the same raw HTTP sender at the same concurrency: KServe v2 JSON to Triton's
-``/v2/models/<pipeline>/infer``, and the API's JSON to the gateway, which calls that same Triton.
+``/v2/models/<pipeline>/infer`` (outputs asked as binary data, so Triton writes no float as
+text), and the API's JSON to the gateway, which calls that same Triton.
 Rounds alternate the arms (direct first in even rounds) so a machine that slows down weighs on
 both; each round's ratio is through / direct. The gateway's own CPU over each through-window,
 per request, is the part of its cost that the noise of shared cores moves least.
@@ -11,6 +12,7 @@ per request, is the part of its cost that the noise of shared cores moves least.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,6 +105,14 @@ def cost_line(cost: ApiCost) -> str:
             f"{ratios})")
 
 
+def binary_outputs(request: Request) -> Request:
+    """``request`` as KServe v2 JSON whose outputs come back as binary data."""
+    body = json.loads(request.http_body())
+    body["outputs"] = [{"name": name, "parameters": {"binary_data": True}}
+                       for name in request.outputs]
+    return Request.json(request.model, body)
+
+
 def route_of(scenario: Any) -> Any | None:
     """The route a pipeline is measured through: OpenAI's where its kind has one, else TEI's;
     None when the APIs do not serve it."""
@@ -135,9 +145,9 @@ def measure(targets: Sequence[Any], triton_url: str, gateway_url: str, *,
         if route is None:
             say(f"API gateway cost: {target.name} is of no kind the APIs serve; left out")
             continue
-        direct: list[Request] = list(target.requests)
-        through = [api_request(route, r) for r in direct]
-        per_request = sum(rows(r) for r in direct) / len(direct)
+        direct = [binary_outputs(r) for r in target.requests]
+        through = [api_request(route, r) for r in target.requests]
+        per_request = sum(rows(r) for r in target.requests) / len(direct)
         for level in levels:
             cost = ApiCost(target.name, route.path, level, per_request)
             for index in range(rounds):
