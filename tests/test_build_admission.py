@@ -162,9 +162,9 @@ def test_check_fails_when_the_slo_file_and_the_committed_configs_disagree(tmp_pa
     assert "text_embedding/config.pbtxt" in drift and "minilm_encoder/config.pbtxt" in drift
 
 
-def test_the_guards_read_the_parameter_the_build_writes():
-    from tools.serve import admission
+def test_the_front_reads_the_parameter_the_build_writes():
+    from tools.front import controller, plan
 
-    # tools/serve/admission.py runs alone in the CPU image (standard library only), so the
-    # name is written in both places
-    assert admission.P99_PARAMETER == P99_PARAMETER
+    # the controller runs in the serving images' supervisor (standard library only), so the
+    # name is written in each place that reads it
+    assert controller.P99_PARAMETER == plan.P99_PARAMETER == P99_PARAMETER

@@ -241,3 +241,42 @@ def test_infer_grpc_gives_up_on_model_metadata_after_timeout_when_the_server_nev
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip() == f"Error: model 'x' at {url} (grpc): Deadline Exceeded"
     assert seconds < 15, seconds  # 2 s deadline + interpreter start-up, far below 20 s
+
+
+def _entities(*rows: list[dict]):
+    from tools.infer import InferResult
+
+    spec = ServedModel("ner", 8, inputs=(ServedTensor("TEXT", "BYTES", (1,)),),
+                       outputs=(ServedTensor("ENTITIES", "BYTES", (1,)),))
+    values = np.array([[json.dumps(row).encode()] for row in rows], dtype=object)
+    return InferResult(spec, {"ENTITIES": values}, 3.0)
+
+
+PARIS = {"entity_group": "LOC", "score": 0.98765, "word": "paris", "start": 37, "end": 42}
+TOKEN = {"entity": "B-PER", "score": 0.5, "index": 1, "word": "john", "start": 0, "end": 4}
+
+
+def test_render_prints_a_token_classifiers_entities_as_a_table_per_text():
+    from tools.infer import render
+
+    lines = render(_entities([PARIS], [], [TOKEN])).splitlines()
+
+    assert lines[1:] == [
+        "ENTITIES BYTES shape [3, 1]",
+        "  row 0: 1 entity",
+        "    entity_group        score  start    end  word",
+        "    LOC                0.9877     37     42  paris",
+        "  row 1: 0 entities",
+        "  row 2: 1 entity",
+        "    entity              score  start    end  index  word",
+        "    B-PER              0.5000      0      4      1  john",
+    ]
+
+
+def test_as_json_decodes_entities_into_objects_and_leaves_other_strings_alone():
+    from tools.infer import as_json
+
+    assert json.loads(as_json(_entities([PARIS])))["outputs"]["ENTITIES"] == [[[PARIS]]]
+    other = _entities([PARIS])
+    other.outputs["ENTITIES"] = np.array([[b'{"not": "entities"}']], dtype=object)
+    assert json.loads(as_json(other))["outputs"]["ENTITIES"] == [['{"not": "entities"}']]

@@ -25,26 +25,24 @@ from tools.build_repo.spec import DTYPES
 VOCAB, WIDTH, MAX_LENGTH = 50, 4, 64
 
 
-def _masked_mean_model(path):
-    """Mean of table[input_ids] over unmasked positions: padding-invariant, like MiniLM."""
-    table = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(np.float32)
-    nodes = [
+def _token_model(path, name, seed, nodes, output):
+    """A graph over ``input_ids`` and ``attention_mask``: ``masked`` = table[input_ids] * mask
+    (``[batch, seq, WIDTH]``), then ``nodes`` ending in ``output``; returns the table."""
+    table = np.random.default_rng(seed).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    masked = [
         helper.make_node("Gather", ["table", "input_ids"], ["tokens"]),
         helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["mask_f", "last"], ["mask3"]),
         helper.make_node("Mul", ["tokens", "mask3"], ["masked"]),
-        helper.make_node("ReduceSum", ["masked", "one"], ["summed"], keepdims=0),
-        helper.make_node("ReduceSum", ["mask3", "one"], ["count"], keepdims=0),
-        helper.make_node("Div", ["summed", "count"], ["embedding"]),
     ]
     graph = helper.make_graph(
-        nodes,
-        "masked_mean",
+        masked + nodes,
+        name,
         [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
         ],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", WIDTH])],
+        [output],
         initializer=[
             numpy_helper.from_array(table, "table"),
             numpy_helper.from_array(np.array([-1], np.int64), "last"),
@@ -53,6 +51,22 @@ def _masked_mean_model(path):
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return table
+
+
+def _masked_mean_model(path):
+    """Mean of table[input_ids] over unmasked positions: padding-invariant, like MiniLM."""
+    return _token_model(path, "masked_mean", 0, [
+        helper.make_node("ReduceSum", ["masked", "one"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "one"], ["count"], keepdims=0),
+        helper.make_node("Div", ["summed", "count"], ["embedding"]),
+    ], helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", WIDTH]))
+
+
+def _per_token_model(path):
+    """logits = table[input_ids] * mask: one row of ``WIDTH`` per token, as a token classifier."""
+    return _token_model(path, "per_token", 4, [helper.make_node("Identity", ["masked"], ["logits"])],
+                        helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                                      ["batch", "seq", WIDTH]))
 
 
 def _linear_model(path):
@@ -376,3 +390,25 @@ def test_triton_dtypes_agree_with_the_spec_dtypes_on_every_type_both_know():
     assert len(shared) >= 8, shared
     for triton in shared:
         assert np.dtype(TRITON_DTYPES[triton]) == spec_numpy[triton], triton
+
+
+@pytest.mark.parametrize("run_overhead", ["0", "4"])
+def test_runner_returns_per_token_outputs_at_each_requests_own_length(tmp_path, run_overhead):
+    table = _per_token_model(tmp_path / "model.onnx")
+    config = _encoder_config(run_overhead=run_overhead)
+    config["output"] = [{"name": "logits", "data_type": "TYPE_FP32", "dims": ["-1", str(WIDTH)]}]
+    parsed = RunnerConfig.from_model_config(config)
+    runner = OnnxRunner(parsed, make_session(tmp_path / "model.onnx", 1))
+    runner.session = RecordingSession(runner.session)
+    rng = np.random.default_rng(5)
+    requests = [_request(rows, rng) for rows in ([2], [40, 3], [3], [41])]
+
+    results = runner.run(requests)
+
+    assert runner.chunks_by_length == (run_overhead != "0")
+    if run_overhead != "0":
+        assert len(runner.session.shapes) > 1  # short and long rows ran apart
+    for request, result in zip(requests, results):
+        ids, mask = request["input_ids"], request["attention_mask"]
+        assert result["logits"].shape == (*ids.shape, WIDTH)  # the request's own length
+        np.testing.assert_allclose(result["logits"], table[ids] * mask[..., None], rtol=1e-6)

@@ -243,3 +243,42 @@ def test_tokenizer_settings_read_pairs_token_types_and_prompt_from_the_config(tm
     assert (settings.pairs, settings.token_types, settings.prompt) == (True, True, "query: ")
     single = TokenizerSettings.from_parameters({}, tmp_path, "tok")
     assert (single.pairs, single.token_types, single.prompt) == (False, False, "")
+
+
+SPAN_TEXTS = ["Zürich 🇨🇭 and 東京", "John Smith-Jones lives in São Paulo.", "A"]
+
+
+def test_tokenize_requests_returns_character_offsets_and_special_tokens_like_transformers(
+    tokenizer,
+):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    reference = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    long_one, short_ones = SPAN_TEXTS[:2], SPAN_TEXTS[2:]
+
+    results = tokenize_requests(
+        tokenizer, [{"TEXT": _text(*long_one)}, {"TEXT": _text(*short_ones)}], offsets=True)
+
+    for texts, result in zip((long_one, short_ones), results):
+        expected = reference(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
+        for row, text in enumerate(texts):
+            n = len(expected["input_ids"][row])
+            assert result["offsets"][row, :n].tolist() == [list(o) for o in
+                                                           expected["offset_mapping"][row]]
+            assert result["special_tokens_mask"][row, :n].tolist() == \
+                expected["special_tokens_mask"][row]
+            assert (result["offsets"][row, n:] == 0).all()  # padding: [0, 0] ...
+            assert (result["special_tokens_mask"][row, n:] == 1).all()  # ... and special
+        assert result["offsets"].shape == (*result["input_ids"].shape, 2)
+    where = SPAN_TEXTS[0].index("東")  # 12 characters in, 19 UTF-8 bytes in
+    assert [where, where + 1] in results[0]["offsets"][0].tolist()
+
+
+def test_tokenizer_settings_want_offsets_and_special_tokens_mask_together(tmp_path):
+    from pipeline_ops.errors import ConfigurationError
+    from pipeline_ops.text import TokenizerSettings
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    outputs = ["input_ids", "attention_mask", "offsets", "special_tokens_mask"]
+    assert TokenizerSettings.from_parameters({}, tmp_path, "tok", ["TEXT"], outputs).offsets
+    with pytest.raises(ConfigurationError, match="'offsets' and 'special_tokens_mask' go together"):
+        TokenizerSettings.from_parameters({}, tmp_path, "tok", ["TEXT"], outputs[:3])

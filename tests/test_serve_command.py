@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from server_helpers import fake_tritonserver
 from waits import arrived, wait_until
 from tools import process
+from tools.front.process import fronts_of
 from tools.cli import cli
 
 pytestmark = pytest.mark.server
@@ -252,8 +253,7 @@ def test_background_start_then_stop_with_a_pid_file_leaves_nothing_behind(toy_re
     try:
         http_url = re.search(r"^http\s+(\S+)$", started.stdout, re.MULTILINE).group(1)
         stubs = _stubs_of(pid)
-        # the wheel's 2.51 has no --http-max-input-size: the HTTP guard holds the public port
-        guards = _processes_mentioning(f"--listen-port {http_url.rpartition(':')[2]} ")
+        fronts = fronts_of(pid)  # the front holds the public ports, in a session of its own
         answer = _double_request("http", http_url, np.ones((1, 2), np.float32), delay_ms=0)
 
         stopped = subprocess.run(
@@ -273,11 +273,8 @@ def test_background_start_then_stop_with_a_pid_file_leaves_nothing_behind(toy_re
     assert f"stopped tritonserver pid {pid}" in stopped.stdout
     assert [p for p in [pid, *stubs] if _alive(p)] == []
     assert not pid_file.exists()
-    assert "guard    HTTP bodies up to 16777216 bytes" in started.stdout and len(guards) == 1
-    deadline = time.monotonic() + 5  # the guard ends by itself once tritonserver is gone
-    while _alive(guards[0]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(guards[0])
+    assert "front    HAProxy: HTTP bodies and gRPC messages up to 16777216" in started.stdout
+    assert len(fronts) == 1 and not _alive(fronts[0]), "stopped with its server"
 
 
 def test_stop_refuses_a_pid_file_naming_a_process_that_is_not_tritonserver(tmp_path):
@@ -335,7 +332,7 @@ def test_serve_restarts_tritonserver_when_it_exits_by_itself_on_the_same_ports(
     os.kill(first_pid, signal.SIGKILL)  # as Triton 2.51 aborting on std::bad_alloc
     again = serve.wait_for_endpoints(timeout_s=60)
     answer = _double_request("grpc", again["grpc"], np.ones((1, 1), np.float32), delay_ms=0)
-    # the HTTP guard was restarted with it, on the same public port
+    # the front was restarted with it, on the same public port
     through_guard = _double_request("http", again["http"], np.ones((1, 1), np.float32), delay_ms=0)
     serve.proc.send_signal(signal.SIGTERM)
     code = serve.proc.wait(timeout=60)

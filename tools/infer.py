@@ -320,6 +320,40 @@ def _classification_outputs(spec: ServedModel) -> tuple[str, str, str | None] | 
     return labels[0].name, scores[0].name, index[0].name if index else None
 
 
+def _entity_lists(value: np.ndarray) -> list[list[dict[str, Any]]] | None:
+    """Per row, the entities a token-classification pipeline answered (one JSON array of
+    objects with ``start`` and ``end`` per element), or None when ``value`` holds something else."""
+    found = []
+    for element in value.reshape(-1):
+        try:
+            entities = json.loads(_text(element))
+        except ValueError:
+            return None
+        if not isinstance(entities, list) or not all(
+                isinstance(e, dict) and {"start", "end"} <= set(e) for e in entities):
+            return None
+        found.append(entities)
+    return found
+
+
+def _entity_table(rows: list[list[dict[str, Any]]]) -> list[str]:
+    """One table per text: label, score, character span, and the word last."""
+    lines = []
+    for r, entities in enumerate(rows):
+        lines.append(f"  row {r}: {len(entities)} entit{'y' if len(entities) == 1 else 'ies'}")
+        if not entities:
+            continue
+        label = "entity_group" if "entity_group" in entities[0] else "entity"
+        index = "index" in entities[0]
+        lines.append(f"    {label:<16} {'score':>8} {'start':>6} {'end':>6}"
+                     + (f" {'index':>6}" if index else "") + "  word")
+        for e in entities:
+            lines.append(f"    {str(e.get(label, ''))[:16]:<16} {float(e.get('score', 0)):>8.4f} "
+                         f"{e['start']:>6} {e['end']:>6}"
+                         + (f" {e.get('index', ''):>6}" if index else "") + f"  {e.get('word', '')}")
+    return lines
+
+
 def render(result: InferResult) -> str:
     """A readable report: a top-k table for classifiers, dims/norm/first values for vectors."""
     spec = result.model
@@ -357,6 +391,8 @@ def render(result: InferResult) -> str:
                     f"{prefix}dims {row.size}, L2 norm {float(np.linalg.norm(row)):.4f}, "
                     f"values [{first}{more}]"
                 )
+        elif out.datatype == "BYTES" and _entity_lists(value) is not None:
+            lines += _entity_table(_entity_lists(value))
         elif out.datatype == "BYTES":
             texts = [_text(v) for v in value.reshape(-1)[:8]]
             lines.append("  " + ", ".join(repr(t) for t in texts))
@@ -366,11 +402,13 @@ def render(result: InferResult) -> str:
 
 
 def as_json(result: InferResult) -> str:
-    """The outputs and latency as one JSON object (strings decoded as UTF-8)."""
+    """The outputs and latency as one JSON object (strings decoded as UTF-8; an output of entity
+    arrays, as a token-classification pipeline answers, decoded into them)."""
 
     def plain(array: np.ndarray) -> Any:
         if array.dtype == np.object_:
-            return np.vectorize(_text, otypes=[np.object_])(array).tolist()
+            decode = json.loads if _entity_lists(array) is not None else _text
+            return np.vectorize(lambda v: decode(_text(v)), otypes=[np.object_])(array).tolist()
         return array.tolist()
 
     return json.dumps(

@@ -58,6 +58,7 @@ class Stage(Word):
     LOAD = "load"
     EXPORT = "export"
     PARITY = "parity"
+    PARITY_ENTITIES = "parity_entities"  # a token classifier's entities against transformers
     FUSE = "fuse"
     PARITY_FUSED = "parity_fused"
     QUANTIZE = "quantize"

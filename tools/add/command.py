@@ -37,8 +37,8 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
         path: the model folder, the factory reference (``image-classification``) or the ONNX file.
         name: the pipeline's name (models are named after it).
         spec_path: the spec (created when missing).
-        **options: the recipe's options (pooling, normalize, prompt, activation, labels,
-            preprocessing).
+        **options: the recipe's options (pooling, normalize, prompt, activation, aggregation,
+            labels, preprocessing).
 
     Returns:
         One line per entry written.
@@ -50,6 +50,8 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
     spec_dir = spec_path.parent
     cores = load_spec(spec_path).cpu_cores if spec_path.exists() else 2
     activation = options.get("activation")
+    if options.get("aggregation") is not None and recipe != "hf-token-classification":
+        raise UserInputError(f"--aggregation: only hf-token-classification takes it, not {recipe}")
     allowed = recipes.ACTIVATIONS.get(recipe, ())
     if activation is not None and activation not in allowed:
         raise UserInputError(f"--activation {activation}: {recipe} takes "
@@ -62,6 +64,9 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
         entries = recipes.hf_sequence_classification(Path(path), name, spec_dir, cores, activation)
     elif recipe == "hf-cross-encoder":
         entries = recipes.hf_cross_encoder(Path(path), name, spec_dir, cores, activation)
+    elif recipe == "hf-token-classification":
+        entries = recipes.hf_token_classification(Path(path), name, spec_dir, cores,
+                                                  options.get("aggregation") or "simple")
     elif recipe == "image-classification":
         if options.get("labels") is None:
             raise UserInputError("image-classification needs --labels FILE (one label per line)")
@@ -109,6 +114,10 @@ def add_model(recipe: str, path: str, name: str, spec_path: Path, **options) -> 
               help="hf-sequence-classification: softmax|sigmoid|identity (default from "
                    "config.json problem_type); hf-cross-encoder: sigmoid|identity (default as "
                    "sentence-transformers' CrossEncoder: sigmoid for one label).")
+@click.option("--aggregation", type=click.Choice(recipes.AGGREGATIONS), default=None,
+              help="hf-token-classification: how tokens become entities, as transformers' "
+                   "pipeline(aggregation_strategy=...): none (one per token), simple (default), "
+                   "first, average or max (a word's tokens agree on one label).")
 @click.option("--prompt", default=None,
               help="hf-text-embedding: prepended to every text, e.g. 'query: ' (default: the "
                    "folder's default_prompt_name prompt, if any).")
@@ -118,8 +127,8 @@ def add(recipe: str, path: str, name: str, spec_path: Path, **options) -> None:
     """Add a model from PATH (folder, factory reference or ONNX file) to the spec, as NAME.
 
     RECIPE: hf-text-embedding DIR, hf-sequence-classification DIR, hf-cross-encoder DIR,
-    image-classification package.module:factory --labels FILE, or onnx FILE. Then run
-    `tools build-repo`.
+    hf-token-classification DIR, image-classification package.module:factory --labels FILE, or
+    onnx FILE. Then run `tools build-repo`.
     """
     for line in add_model(recipe, path, name, spec_path, **options):
         click.echo(f"added {line}")

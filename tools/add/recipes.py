@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from tools import paths
 from tools.errors import ModelSourceError, UserInputError
+from tools.models.hf_folder import AGGREGATIONS
 
 if TYPE_CHECKING:
     from tools.models.hf_folder import HfFolder
 
 RECIPES = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder",
-           "image-classification", "onnx")
+           "hf-token-classification", "image-classification", "onnx")
 TEXT_BATCH, IMAGE_BATCH, ONNX_BATCH = 32, 16, 16
 # --activation per recipe (the default comes from the folder).
 ACTIVATIONS = {"hf-sequence-classification": ("softmax", "sigmoid", "identity"),
@@ -39,6 +40,7 @@ QUEUE_POLICY = "{max_queue_size: 64, default_timeout_microseconds: 1000000}"
 ADMISSION = "admission_max_pending: 64, admission_max_wait_ms: 500"
 TOKENIZER_PREFERRED_BATCH = 8
 GPU_INSTANCES = "gpu: {count: 2, gpus: [0]}"
+SPAN_OUTPUTS = ("offsets", "special_tokens_mask")  # the tokenizer's, for token classification
 
 
 @dataclass
@@ -134,6 +136,7 @@ class TokenizerStep:
     pairs: bool = False
     token_types: bool = False
     prompt: str = ""
+    offsets: bool = False  # each token's character span, for token classification
 
     @property
     def inputs(self) -> list[str]:
@@ -141,9 +144,15 @@ class TokenizerStep:
         return ["TEXT", "TEXT_PAIR"] if self.pairs else ["TEXT"]
 
     @property
-    def outputs(self) -> list[str]:
-        """``input_ids``, ``attention_mask`` (and ``token_type_ids``)."""
+    def encodes(self) -> list[str]:
+        """What the model after it takes: ``input_ids``, ``attention_mask`` (and
+        ``token_type_ids``)."""
         return ["input_ids", "attention_mask", *(["token_type_ids"] if self.token_types else [])]
+
+    @property
+    def outputs(self) -> list[str]:
+        """``encodes`` (and ``offsets``, ``special_tokens_mask``)."""
+        return [*self.encodes, *(SPAN_OUTPUTS if self.offsets else ())]
 
 
 def _tokenizer_entry(entries: Entries, name: str, step: TokenizerStep, spec_dir: Path,
@@ -160,7 +169,8 @@ def _tokenizer_entry(entries: Entries, name: str, step: TokenizerStep, spec_dir:
     prompt = f"prompt: {json.dumps(step.prompt)}, " if step.prompt else ""
     prompt_note = "\n    # prompt: prepended to every TEXT (sentence-transformers' prompts)" if step.prompt else ""
     inputs = _tensors([(n, "string", "1") for n in step.inputs])
-    outputs = _tensors([(n, "int64", "sequence") for n in step.outputs])
+    outputs = _tensors([(n, "int64", "sequence, 2" if n == "offsets" else "sequence")
+                        for n in step.outputs])
     warmup = ", ".join(f"{n}: [{json.dumps(WARMUP_TEXT)}]" for n in step.inputs)
     entries.add("python_models", name, f"""\
     backend: text_tokenizer
@@ -213,11 +223,12 @@ OUTPUT_MEANINGS = {
 
 
 def _text_pipeline(entries: Entries, name: str, step: TokenizerStep, steps: str,
-                   outputs: list[tuple[str, str, str]], what: str, meaning: str = "") -> None:
+                   outputs: list[tuple[str, str, str]], what: str, meaning: str = "",
+                   parameters: str = "") -> None:
     note = f"    # {meaning}\n" if meaning else ""
     entries.add("pipelines", name, f"""\
     max_batch_size: {TEXT_BATCH}
-    inputs:
+{parameters}    inputs:
 {_tensors([(n, "string", "1") for n in step.inputs])}
 {note}    outputs:
 {_tensors(outputs)}
@@ -262,7 +273,7 @@ def hf_text_embedding(folder_path: Path, name: str, spec_dir: Path, cores: int,
     step = TokenizerStep(folder, max_length, f"{name}_encoder", prompt=prompt)
     entries = Entries()
     entries.add("models", f"{name}_encoder",
-                _encoder_body(recipe, step.outputs, "embedding", width, max_length, cores,
+                _encoder_body(recipe, step.encodes, "embedding", width, max_length, cores,
                               "{atol: 1.0e-4, rtol: 0.0}"),
                 f"{folder.config['model_type']} encoder, {pooling} pooling, "
                 f"{'L2-normalised' if normalize else 'not normalised'}, embedding [{width}]")
@@ -317,13 +328,13 @@ def hf_sequence_classification(folder_path: Path, name: str, spec_dir: Path, cor
     step = TokenizerStep(folder, max_length, f"{name}_classifier")
     entries = Entries()
     entries.add("models", f"{name}_classifier",
-                _encoder_body(recipe, step.outputs, "logits", count, max_length, cores,
+                _encoder_body(recipe, step.encodes, "logits", count, max_length, cores,
                               "{atol: 1.0e-4, rtol: 1.0e-3}"),
                 f"{folder.config['model_type']} classifier ({problem}), logits [{count}]")
     _tokenizer_entry(entries, f"{name}_tokenizer", step, spec_dir, cores)
     classify = f"""\
       - model: {name}_classifier
-        inputs: {_same_names(step.outputs)}
+        inputs: {_same_names(step.encodes)}
         outputs: {{logits: {'SCORE' if activation == 'identity' else 'logits'}}}
 """
     if activation == "identity":
@@ -378,17 +389,87 @@ def hf_cross_encoder(folder_path: Path, name: str, spec_dir: Path, cores: int,
               f"activation: {activation}}}")
     entries = Entries()
     entries.add("models", f"{name}_cross_encoder",
-                _encoder_body(recipe, step.outputs, "score", count, max_length, cores,
+                _encoder_body(recipe, step.encodes, "score", count, max_length, cores,
                               "{atol: 1.0e-4, rtol: 1.0e-3}"),
                 f"{folder.config['model_type']} cross-encoder, {activation}, score [{count}]"
                 + (", token_type_ids" if step.token_types else ""))
     _tokenizer_entry(entries, f"{name}_tokenizer", step, spec_dir, cores)
     _text_pipeline(entries, name, step, f"""\
       - model: {name}_cross_encoder
-        inputs: {_same_names(step.outputs)}
+        inputs: {_same_names(step.encodes)}
         outputs: {{score: SCORE}}
 """, [("SCORE", "float32", str(count))], f"TEXT, TEXT_PAIR -> SCORE [{count}] ({activation})",
         OUTPUT_MEANINGS[f"cross-{activation}"])
+    return entries
+
+
+def hf_token_classification(folder_path: Path, name: str, spec_dir: Path, cores: int,
+                            aggregation: str = "simple") -> Entries:
+    """A token classifier (per-token logits), a tokenizer that keeps each token's character
+    span, and a postprocess that aggregates the tokens into entities as transformers'
+    ``pipeline("token-classification", aggregation_strategy=aggregation)`` does: pipeline
+    ``name``: ``TEXT`` -> ``ENTITIES`` (one JSON array per text).
+
+    Texts are truncated where that pipeline truncates them (the tokenizer's
+    ``model_max_length``, at most the model's positions).
+    """
+    from tools.models.hf_folder import check_transformers_support, read_folder
+
+    _check_name(name)
+    if aggregation not in AGGREGATIONS:
+        raise UserInputError(f"--aggregation {aggregation}: one of {list(AGGREGATIONS)}")
+    folder = read_folder(folder_path, "hf-token-classification")
+    check_transformers_support(folder)
+    labels, max_length = folder.labels(), folder.tokenizer_max_length()
+    count = len(labels)
+    step = TokenizerStep(folder, max_length, f"{name}_classifier", offsets=True)
+    recipe = f"{{kind: hf-token-classification, path: {spec_path_text(folder.path, spec_dir)}}}"
+    entries = Entries()
+    entries.add("models", f"{name}_classifier",
+                _encoder_body(recipe, step.encodes, "logits", f"sequence, {count}", max_length,
+                              cores, "{atol: 1.0e-4, rtol: 1.0e-3}"),
+                f"{folder.config['model_type']} token classifier, logits [sequence, {count}]")
+    _tokenizer_entry(entries, f"{name}_tokenizer", step, spec_dir, cores)
+    config = spec_path_text(folder.path / "config.json", spec_dir)
+    if folder.has_tokenizer_json:
+        files = (f"files: {{config.json: {config}, tokenizer.json: "
+                 f"{spec_path_text(folder.tokenizer_file, spec_dir)}}}")
+    else:
+        files = (f"files: {{config.json: {config}}}\n    recipe: {{kind: hf-tokenizer, path: "
+                 f"{spec_path_text(folder.path, spec_dir)}}}")
+    inputs = [("TEXT", "string", "1"), ("input_ids", "int64", "sequence"),
+              ("logits", "float32", f"sequence, {count}"), ("offsets", "int64", "sequence, 2"),
+              ("special_tokens_mask", "int64", "sequence")]
+    entries.add("python_models", f"{name}_postprocess", f"""\
+    backend: token_classification_postprocess
+    max_batch_size: {TEXT_BATCH}
+    inputs:
+{_tensors(inputs)}
+    outputs:
+      - {{name: entities, dtype: string, shape: [batch, 1]}}
+    # aggregation_strategy: none, simple, first, average or max, as transformers'
+    # pipeline("token-classification", aggregation_strategy=...); labels_file: config.json's
+    # id2label; tokenizer_file: the token strings and how words are decoded; ignore_labels:
+    # labels left out of the answer (JSON list)
+    parameters: {{aggregation_strategy: {aggregation}, labels_file: config.json, tokenizer_file: tokenizer.json, ignore_labels: '["O"]'}}
+    {files}
+{_step_settings(1, 1)}""", f"{aggregation} aggregation of {count} labels {labels[:4]}"
+                           f"{' ...' if count > 4 else ''}")
+    fields = ("{entity, score, index, word, start, end} per token" if aggregation == "none"
+              else "{entity_group, score, word, start, end} per entity")
+    meaning = f"ENTITIES: per text, a UTF-8 JSON array of {fields}"
+    _text_pipeline(entries, name, step, f"""\
+      - model: {name}_classifier
+        inputs: {_same_names(step.encodes)}
+        outputs: {{logits: logits}}
+      - model: {name}_postprocess
+        inputs: {_same_names([n for n, _, _ in inputs])}
+        outputs: {{entities: ENTITIES}}
+""", [("ENTITIES", "string", "1")], f"TEXT -> ENTITIES ({aggregation} aggregation of "
+        f"{count} labels, offsets in characters)",
+        meaning + "; start/end: character offsets into the text (end exclusive)",
+        "    # task: what the pipeline answers (a gateway picks its route by it)\n"
+        "    parameters: {task: token-classification}\n")
     return entries
 
 

@@ -6,16 +6,16 @@ after the build target gives each pipeline an objective (the tighter of its HTTP
 a model gets its own entry's, else the tightest of the pipelines it is a step of (nested
 pipelines included). What that renders, for every model and pipeline with an objective:
 
-- the parameter ``admission_p99_ms``, which the guards in front of tritonserver read to admit
-  each model's requests by latency (``tools/serve/admission.py``), for direct calls to a model
-  as for its pipelines;
-- on the gpu target, where no guard runs (the NGC image), the queues bound the delay instead:
-  a queue policy's timeout is capped at the objective (a request that waited that long in one
-  queue has missed it; Triton refuses it there, before any backend work), and a model without a
-  queue policy gets one (rejected once queued longer than the objective, no size bound). On the
-  cpu target the guards admit by latency and the spec's timeouts stay as they are: a backstop for
-  a burst the guard lets through (ten requests at once to the image pipeline would otherwise
-  lose the last ones at a 250 ms cap).
+- the parameter ``admission_p99_ms``, which the front before tritonserver reads to admit each
+  model's requests by latency (``tools/front/``), for direct calls to a model as for its
+  pipelines;
+- on the gpu target the queues bound the delay too, behind the front: a queue policy's timeout
+  is capped at the objective (a request that waited that long in one queue has missed it; Triton
+  refuses it there, before any backend work), and a model without a queue policy gets one
+  (rejected once queued longer than the objective, no size bound). On the cpu target the spec's
+  timeouts stay as they are: a backstop for a burst the front lets through (ten requests at once
+  to the image pipeline would otherwise lose the last ones at a 250 ms cap), and a model with no
+  queue policy keeps Triton's batch prefetch.
 
 Because the configs are rendered from it, ``tools build-repo --check`` fails when the SLO file
 and a committed repository disagree.
@@ -31,7 +31,7 @@ from tools.build_repo.config import TritonModelConfig
 from tools.build_repo.spec import DynamicBatchingSpec, QueuePolicySpec, RepoSpec
 from tools.slo import PROTOCOLS, NoScenarioSLO, load_slo, slo_file_for
 
-P99_PARAMETER = "admission_p99_ms"  # tools/serve/admission.py reads it (the guards run alone)
+P99_PARAMETER = "admission_p99_ms"  # tools/front/ reads it (its controller runs alone in images)
 
 
 def objectives(spec: RepoSpec, target: str, slo_file: Path | None = None) -> dict[str, float]:

@@ -31,6 +31,7 @@ from tools.build_repo.builder_base import (
 )
 from tools.build_repo.model_source import (
     model_callables,
+    recipe_folder,
     recipe_weights,
     references,
     write_python_recipe_files,
@@ -41,9 +42,11 @@ from tools.build_repo.results import ModelKind, Stage, StageStatus
 from tools.build_repo.spec import Entry, RepoSpec, resolve_file
 from tools.errors import SpecError
 from tools.manifest import ModelEntry, fingerprint, matching_artifacts
+from tools.models.hf_folder import TOKEN_CLASSIFIER
 
 # The stages a repackage carries over from the build it reuses.
-EXPORT_STAGES = (Stage.LOAD, Stage.EXPORT, Stage.PARITY, Stage.ONNX2TRT, Stage.PARITY_TRT)
+EXPORT_STAGES = (Stage.LOAD, Stage.EXPORT, Stage.PARITY, Stage.PARITY_ENTITIES, Stage.ONNX2TRT,
+                 Stage.PARITY_TRT)
 
 
 def _link_or_copy(source: Path, destination: Path) -> None:
@@ -163,6 +166,8 @@ class PytorchBuilder(SpecEntryBuilder):
                                         "cases": result.parity["onnxruntime"]}}
         if unchecked_record(model):  # a long model: shapes over the size bound (every runtime)
             entry.parity["onnxruntime"]["not_checked"] = unchecked_record(model)
+        if model.recipe is not None and model.recipe.kind == TOKEN_CLASSIFIER:
+            self._entity_parity(torch_model, runner, stages, entry)
         if target == "cpu" and model.cpu.runtime == "openvino":
             self._openvino(onnx_path, runner, output, stages, entry, torch_model, sample_fn)
         elif target == "cpu" and model.cpu.optimize != "none":
@@ -195,6 +200,29 @@ class PytorchBuilder(SpecEntryBuilder):
         result.note = "; ".join(n for n in (result.note, unchecked_note(model)) if n)
         stages.run(Stage.WRITE, self._write_files, model_dir, sample_fn)
         self._describe(entry)
+
+    def _entity_parity(self, torch_model: Any, runner: Any, stages: Stages,
+                       entry: ModelEntry) -> None:
+        """A token classifier: the served steps' entities against transformers' pipeline, on
+        the exported graph (``entity_parity.py``), every aggregation strategy."""
+        from tools.build_repo import entity_parity
+
+        model = self.model
+        folder = recipe_folder(self.spec.root, model)
+        axis = next(d for d in model.inputs[0].shape[1:] if isinstance(d, str))
+        figures, left_out = stages.run(
+            Stage.PARITY_ENTITIES, entity_parity.check_entities, model.name, folder.path,
+            torch_model.classifier, folder.fast_tokenizer(), runner, folder.labels(),
+            model.axis(axis).max, self.spec.backends, model.atol)
+        cases = entity_parity.figures_to_manifest(figures)
+        stages.result.parity["entities"] = cases
+        entry.parity["entities"] = {"atol": model.atol, "cases": cases}
+        if left_out:
+            entry.parity["entities"]["not_compared"] = left_out
+            stages.result.note = "; ".join(n for n in (
+                stages.result.note, f"entity parity: {len(left_out)} text(s) over "
+                f"{model.axis(axis).max} tokens not compared (the tokenizer has no "
+                "model_max_length: transformers would not truncate them)") if n)
 
     def _optimize(self, onnx_path: Path, fp32_runner: Any, output: Path, stages: Stages,
                   entry: ModelEntry, torch_model: Any, sample_fn: Any) -> None:

@@ -361,7 +361,8 @@ def python_model_config(model: PythonModelSpec, target: str) -> TritonModelConfi
         name=model.name,
         backend="python",
         max_batch_size=model.max_batch_size,
-        inputs=_tensor_configs(model.inputs, ragged=False),
+        # Python models get each request's own tensors, so inputs of varying length may batch
+        inputs=_tensor_configs(model.inputs, ragged=True),
         outputs=_tensor_configs(model.outputs, ragged=False),
         dynamic_batching=model.dynamic_batching,
         instance_groups=groups,

@@ -129,6 +129,7 @@ def ensemble_config(pipeline: PipelineSpec) -> TritonModelConfig:
         max_batch_size=pipeline.max_batch_size,
         inputs=tuple(TensorConfig(t.name, t.triton_dtype, t.dims) for t in pipeline.inputs),
         outputs=tuple(TensorConfig(t.name, t.triton_dtype, t.dims) for t in pipeline.outputs),
+        parameters=tuple(pipeline.parameters.items()),
         ensemble_steps=steps,
     )
 

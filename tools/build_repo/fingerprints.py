@@ -14,6 +14,7 @@ from tools import cpu_isa
 from tools.build_repo import config as cfg
 from tools.files import sha256_file, sha256_tree
 from tools.manifest import ModelEntry, fingerprint, module_file, tool_versions
+from tools.build_repo.entity_parity import SERVED_MODULES
 from tools.build_repo.repository import backend_source
 from tools.build_repo.model_source import python_recipe_inputs, references
 from tools.build_repo.spec import (
@@ -25,6 +26,7 @@ from tools.build_repo.spec import (
     spec_hash,
 )
 from tools.errors import SpecError
+from tools.models.hf_folder import TOKEN_CLASSIFIER
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules of this package (paths relative to it) that shape no artifact: the CLI, the display,
@@ -102,6 +104,10 @@ def pytorch_inputs(
         if path is None:
             raise SpecError(f"{where}field 'source': cannot find the module of {ref!r}")
         modules[ref] = sha256_file(path)
+    if model.recipe is not None and model.recipe.kind == TOKEN_CLASSIFIER:
+        # its entity parity runs the served tokenizer and aggregation (entity_parity.py)
+        for name in SERVED_MODULES:
+            modules[f"pipeline_ops/{name}"] = sha256_file(spec.backends / "pipeline_ops" / name)
     weights, stats = _weights(spec, model, modules, previous)
     backend = None
     if target == "cpu":

@@ -12,11 +12,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.build_repo.spec import ModelSpec, PythonModelSpec, resolve_reference
 from tools.files import sha256_file
 from tools.manifest import ModelEntry
+
+if TYPE_CHECKING:
+    from tools.models.hf_folder import HfFolder
 
 Factory = Callable[[], Any]
 SampleInputs = Callable[[int, dict[str, int]], dict]
@@ -27,6 +30,7 @@ RECIPE_FUNCTIONS: dict[str, tuple[str | None, str]] = {
     "hf-text-embedding": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
     "hf-sequence-classification": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
     "hf-cross-encoder": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
+    "hf-token-classification": ("tools.models.hf:build_model", "tools.models.hf:sample_inputs"),
     "image-classification": (None, "tools.models.vision:sample_inputs"),
 }
 # The module that makes a Python model recipe's files (hashed into its build key).
@@ -81,13 +85,22 @@ def model_callables(root: Path, model: ModelSpec, where: str = "") -> tuple[Fact
             functools.partial(vision.sample_inputs, model.inputs))
 
 
+def recipe_folder(root: Path, model: ModelSpec) -> HfFolder:
+    """The checked Hugging Face folder of an ``hf-*`` recipe's model.
+
+    Raises:
+        ModelSourceError: the folder is not a model of the recipe's kind.
+    """
+    from tools.models.hf_folder import read_folder
+
+    return read_folder(folder_of(root, model), model.recipe.kind)
+
+
 def recipe_files(root: Path, model: ModelSpec) -> list[Path]:
     """The files a recipe's model is built from (hashed into its build key); none for a factory."""
     if model.recipe is None or not model.recipe.kind.startswith("hf-"):
         return []
-    from tools.models.hf_folder import read_folder
-
-    return read_folder(folder_of(root, model), model.recipe.kind).weights_files()
+    return recipe_folder(root, model).weights_files()
 
 
 def recipe_weights(

@@ -3,6 +3,7 @@
 ``hf-text-embedding``: encoder, masked mean or ``[CLS]`` pooling, optional L2 normalisation.
 ``hf-sequence-classification``: the classifier's logits (the activation and labels are served
 after it). ``hf-cross-encoder``: a classifier scoring text pairs, its activation in the graph.
+``hf-token-classification``: per-token logits (the entities are aggregated after it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from tools.models.hf_folder import CLASSIFIER_KINDS, HfFolder
+from tools.models.hf_folder import CLASSIFIER_KINDS, TOKEN_CLASSIFIER, HfFolder
 from tools.models.minilm import tokenized_samples
 
 
@@ -48,8 +49,13 @@ class TextEmbedder(nn.Module):
         return pooled / pooled.norm(p=2, dim=1, keepdim=True).clamp(min=1e-12)
 
 
-class SequenceClassifier(nn.Module):
-    """A ``*ForSequenceClassification`` model returning only its logits."""
+class Classifier(nn.Module):
+    """A ``*ForSequenceClassification`` model returning only its logits ``[batch, labels]``, or a
+    ``*ForTokenClassification`` one returning ``[batch, sequence, labels]``.
+
+    ``classifier`` is the transformers model itself (a token classifier's entity parity hands it
+    to transformers' own token-classification pipeline).
+    """
 
     def __init__(self, classifier: nn.Module) -> None:
         super().__init__()
@@ -57,7 +63,7 @@ class SequenceClassifier(nn.Module):
         self.token_types = _token_type_ids(classifier)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits ``[batch, labels]`` of token ids ``[batch, sequence]``."""
+        """The logits of token ids ``[batch, sequence]``."""
         extra = {"token_type_ids": torch.zeros_like(input_ids)} if self.token_types else {}
         return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
 
@@ -85,7 +91,8 @@ class PairScorer(nn.Module):
 class Recipe(Protocol):
     """What this module reads of a spec entry's ``recipe``."""
 
-    kind: str  # hf-text-embedding | hf-sequence-classification | hf-cross-encoder
+    kind: str  # hf-text-embedding | hf-sequence-classification | hf-cross-encoder |
+    # hf-token-classification
     pooling: str  # mean | cls
     normalize: bool
     activation: str | None  # hf-cross-encoder: sigmoid | identity
@@ -98,18 +105,25 @@ def build_model(folder: HfFolder, recipe: Recipe) -> nn.Module:
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # unused pooler weights and the like: not our concern here
     hf_logging.disable_progress_bar()
+    if recipe.kind == TOKEN_CLASSIFIER:
+        return Classifier(AutoModelForTokenClassification.from_pretrained(
+            str(folder.path), attn_implementation="eager")).eval()
     if recipe.kind in CLASSIFIER_KINDS:
         model = AutoModelForSequenceClassification.from_pretrained(
             str(folder.path), attn_implementation="eager"
         )
         if recipe.kind == "hf-cross-encoder":
             return PairScorer(model, recipe.activation).eval()
-        return SequenceClassifier(model).eval()
+        return Classifier(model).eval()
     encoder = AutoModel.from_pretrained(str(folder.path), attn_implementation="eager")
     return TextEmbedder(encoder, recipe.pooling, recipe.normalize).eval()
 

@@ -17,9 +17,18 @@ from typing import Any
 
 from tools.errors import ModelSourceError
 
-KINDS = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder")
+KINDS = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder",
+         "hf-token-classification")
 # Kinds whose folder holds a *ForSequenceClassification model.
 CLASSIFIER_KINDS = ("hf-sequence-classification", "hf-cross-encoder")
+TOKEN_CLASSIFIER = "hf-token-classification"  # a *ForTokenClassification model
+# How transformers' token-classification pipeline turns tokens into entities (aggregation_strategy).
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
+# Kinds whose config.json must name labels (id2label or num_labels).
+LABELLED_KINDS = (*CLASSIFIER_KINDS, TOKEN_CLASSIFIER)
+_ARCHITECTURE_SUFFIX = {"hf-sequence-classification": "ForSequenceClassification",
+                        "hf-cross-encoder": "ForSequenceClassification",
+                        TOKEN_CLASSIFIER: "ForTokenClassification"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_JSON = "tokenizer.json"
@@ -124,8 +133,8 @@ class HfFolder:
         count = int(self.config.get("num_labels") or len(id2label) or 0)
         if count < 1:
             raise ModelSourceError(
-                f"{self.path / 'config.json'}: no 'id2label' or 'num_labels': not a sequence "
-                "classifier"
+                f"{self.path / 'config.json'}: no 'id2label' or 'num_labels': not a "
+                f"{'token' if self.kind == TOKEN_CLASSIFIER else 'sequence'} classifier"
             )
         return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
 
@@ -215,13 +224,22 @@ class HfFolder:
         sentence-transformers' ``max_seq_length``, else the tokenizer's ``model_max_length``,
         else the positions the model has; never more than the positions the model has.
         """
+        st_config = self.path / "sentence_bert_config.json"
+        first = [_read_json(st_config).get("max_seq_length")] if st_config.is_file() else []
+        return self._limit(first)
+
+    def tokenizer_max_length(self) -> int:
+        """Tokens per text as transformers' pipelines truncate them: the tokenizer's
+        ``model_max_length``, else the positions the model has; never more than those (without
+        a limit, transformers would send a longer text whole and the model would fail on it)."""
+        return self._limit([])
+
+    def _limit(self, first: list[Any]) -> int:
+        """The first real limit of ``first``, ``model_max_length`` and the model's positions."""
         positions = self.config.get("max_position_embeddings")
         if isinstance(positions, int) and self.config.get("model_type") in _POSITION_OFFSET_2:
             positions -= 2
-        candidates = []
-        st_config = self.path / "sentence_bert_config.json"
-        if st_config.is_file():
-            candidates.append(_read_json(st_config).get("max_seq_length"))
+        candidates = list(first)
         tok_config = self.path / "tokenizer_config.json"
         if tok_config.is_file():
             candidates.append(_read_json(tok_config).get("model_max_length"))
@@ -312,12 +330,14 @@ def read_folder(path: Path, kind: str) -> HfFolder:
             f"({', '.join(VOCABULARY_FILES)}); save the tokenizer with tokenizer.save_pretrained"
         )
     folder = HfFolder(path, kind, config)
-    if kind in CLASSIFIER_KINDS:
+    if kind in LABELLED_KINDS:
         architectures = config.get("architectures") or []
-        if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        suffix = _ARCHITECTURE_SUFFIX[kind]
+        if architectures and not any(a.endswith(suffix) for a in architectures):
+            what = "token" if kind == TOKEN_CLASSIFIER else "sequence"
             raise ModelSourceError(
-                f"{config_file}: architectures {architectures} hold no *ForSequenceClassification "
-                "model: not a sequence classifier (use hf-text-embedding for an encoder)"
+                f"{config_file}: architectures {architectures} hold no *{suffix} model: not a "
+                f"{what} classifier (use hf-text-embedding for an encoder)"
             )
         folder.labels()
     return folder
@@ -346,6 +366,8 @@ def check_transformers_support(folder: HfFolder) -> None:
     mapping, what = (
         (auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, "sequence-classification model")
         if folder.kind in CLASSIFIER_KINDS
+        else (auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, "token-classification model")
+        if folder.kind == TOKEN_CLASSIFIER
         else (auto.MODEL_MAPPING, "base model")
     )
     if type(config) not in mapping:

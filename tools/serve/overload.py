@@ -1,6 +1,6 @@
 """Overload against a P99 objective: capacity in a closed loop, then open loops at multiples of it.
 
-One way to measure for ``scripts/overload_slo.py`` and the reliability tier's overload tests:
+One way to measure for ``benchmarks/overload.py`` and the reliability tier's overload tests:
 capacity is a ``tools.serve.faults.HttpLoad`` closed loop (raw keep-alive HTTP); each open loop
 runs in C (``tools.load.native``, ``generator="c"``, the default) or on the same Python engine
 (``generator="python"``). Every point is summarised by ``tools.stats`` (nearest-rank

@@ -349,7 +349,7 @@ class EmbeddedServer:
             triton_http_port=self._port(_TRITON_HTTP), triton_grpc_port=self._port(_TRITON_GRPC),
             watch_pid=self._proc.pid)
         try:
-            self.front.start(self.log_path)
+            self.front.start(self.front_log_path)
         except ServerError:
             self.stop()
             raise
@@ -402,10 +402,15 @@ class EmbeddedServer:
         if end.exit_code is not None:
             if self.poll() is None and self.front is not None and not self.front.running:
                 raise ServerError(f"{self.front.name} in front of tritonserver exited (exit code "
-                                  f"{end.exit_code}) (server log: {self.log_path})")
+                                  f"{end.exit_code}) (its log: {self.front_log_path})")
             raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
                               f"(server log: {self.log_path})")
         return end.reason
+
+    @property
+    def front_log_path(self) -> Path:
+        """The front's own log (HAProxy's messages), beside the server's: ``<log>.front.log``."""
+        return self.log_path.with_name(f"{self.log_path.stem}.front.log")
 
     @property
     def front_running(self) -> bool:

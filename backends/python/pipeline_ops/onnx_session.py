@@ -333,7 +333,9 @@ class OnnxRunner:
     Ragged inputs (``-1`` dims) are right-padded with their ``pad_values`` to the longest request
     of the call. For ``[rows, length]`` inputs, trailing positions where every ragged input equals
     its pad value are treated as padding: rows are trimmed to their real length, sorted, and run in
-    the chunks :func:`plan_chunks` picks. This relies on the premise of ``pad_values``: padding
+    the chunks :func:`plan_chunks` picks. An output ``[rows, length, ...]`` of such inputs is per
+    token (a token classifier's logits): each request gets it at its own inputs' length, 0 at the
+    padding positions its chunk left out. This relies on the premise of ``pad_values``: padding
     does not change a row's outputs. A request whose variable dims exceed ``max_dims`` is
     rejected before it reaches ONNX Runtime.
     """
@@ -360,13 +362,16 @@ class OnnxRunner:
                 )
         self.output_names = [s.name for s in config.outputs]
         ragged = [s for s in config.inputs if s.ragged_axes]
+        tokens = bool(ragged) and all(s.ragged_axes == (1,) and len(s.dims) == 1 for s in ragged)
+        # Outputs [rows, length, ...] of token inputs [rows, length] are per token (a token
+        # classifier's logits): each request gets them at its own length.
+        self._per_token = tuple(
+            s.name for s in config.outputs if tokens and s.ragged_axes == (1,))
         # Chunking by length applies when every ragged input is [rows, length] sharing one length
-        # and every output has a fixed shape (chunks of different widths must fit one array).
-        self._chunkable = (
-            bool(ragged)
-            and all(s.ragged_axes == (1,) and len(s.dims) == 1 for s in ragged)
-            and not any(s.ragged_axes for s in config.outputs)
-        )
+        # and every output has a fixed shape or is per token (chunks of different widths are
+        # written into one array at the call's width).
+        self._chunkable = tokens and all(
+            not s.ragged_axes or s.name in self._per_token for s in config.outputs)
         self._ragged = ragged
 
     @property
@@ -458,7 +463,7 @@ class OnnxRunner:
 
         lengths = self._row_lengths(batch)
         chunks = plan_chunks(lengths.tolist(), self.config.run_overhead)
-        rows = len(lengths)
+        rows, call_width = len(lengths), batch[self._ragged[0].name].shape[1]
         results: list[np.ndarray | None] = [None] * len(self.output_names)
         for chunk in chunks:
             index = np.asarray(chunk)
@@ -470,9 +475,15 @@ class OnnxRunner:
                 for name, value in batch.items()
             }
             for k, out in enumerate(self._run(feed)):
+                per_token = self.output_names[k] in self._per_token
                 if results[k] is None:
-                    results[k] = np.empty((rows,) + out.shape[1:], dtype=out.dtype)
-                results[k][index] = out
+                    # a per-token output is 0 at positions its chunk left out (all padding)
+                    inner = (call_width, *out.shape[2:]) if per_token else out.shape[1:]
+                    results[k] = np.zeros((rows, *inner), dtype=out.dtype)
+                if per_token:
+                    results[k][index, :width] = out
+                else:
+                    results[k][index] = out
         return dict(zip(self.output_names, results))
 
     def run(
@@ -480,8 +491,14 @@ class OnnxRunner:
     ) -> list[dict[str, np.ndarray] | Exception]:
         """Answer one ``execute`` call: per request its outputs, or its own error (see
         ``run_batched``: ``InvalidInput`` for a bad request, what the run raised for a request
-        ONNX Runtime fails on)."""
-        return run_batched(requests, self.prepare, self.compute)
+        ONNX Runtime fails on). A per-token output has its request's own length."""
+        results = run_batched(requests, self.prepare, self.compute)
+        for inputs, result in zip(requests, results):
+            if self._per_token and isinstance(result, dict):
+                width = np.shape(inputs[self._ragged[0].name])[1]
+                for name in self._per_token:
+                    result[name] = np.ascontiguousarray(result[name][:, :width])
+        return results
 
 
 def load_runner(model_config: Mapping[str, Any] | str, version_dir: str | Path) -> OnnxRunner:

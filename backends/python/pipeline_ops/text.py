@@ -19,7 +19,12 @@ from .errors import ConfigurationError, InvalidInput
 TEXT_INPUT = "TEXT"
 PAIR_INPUT = "TEXT_PAIR"  # the second text of each row, for models that score pairs
 TOKEN_TYPES = "token_type_ids"  # which text of a pair each token is from (BERT's segment ids)
+# Each token's character span [start, end) in the text, and 1 for special tokens (token
+# classification reads both to give entities character offsets; padding is [0, 0] and 1).
+OFFSETS = "offsets"
+SPECIAL_TOKENS = "special_tokens_mask"
 OUTPUTS = ("input_ids", "attention_mask")
+PAD_VALUES = {SPECIAL_TOKENS: 1}  # every other output pads with 0 (input_ids: the pad id)
 # Texts are truncated to max_length tokens, but tokenizing still reads the whole text: 1 MB took
 # ~1 s here. 256 tokens of ordinary text are 1-2 KB (at most ~26 KB: 100-character words), so
 # texts above this many UTF-8 bytes are rejected rather than tokenized only to be cut.
@@ -48,12 +53,22 @@ def load_tokenizer(path: str | Path, max_length: int) -> Tokenizer:
         ValueError: ``max_length`` is too small to hold the special tokens and one token.
         FileNotFoundError: ``path`` does not exist.
     """
-    if max_length < 3:
-        raise ValueError(f"max_length must be at least 3 tokens, got {max_length}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist")
-    tokenizer = Tokenizer.from_file(str(path))
+    return configure_tokenizer(Tokenizer.from_file(str(path)), max_length)
+
+
+def configure_tokenizer(tokenizer: Tokenizer, max_length: int) -> Tokenizer:
+    """Set the served truncation (``max_length``, ``longest_first``) and no padding on
+    ``tokenizer``, as :func:`load_tokenizer` does (the build's checks use it on a tokenizer made
+    in memory).
+
+    Raises:
+        ValueError: ``max_length`` is too small to hold the special tokens and one token.
+    """
+    if max_length < 3:
+        raise ValueError(f"max_length must be at least 3 tokens, got {max_length}")
     tokenizer.enable_truncation(max_length=max_length, strategy="longest_first")
     tokenizer.no_padding()
     return tokenizer
@@ -133,11 +148,13 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
     return tokenizer.token_to_id("[PAD]") or 0
 
 
-def _padded(rows: Sequence[Sequence[int]], pad_value: int, buckets: Sequence[int]) -> np.ndarray:
-    """INT64 ``[rows, length]``: ``length`` is the longest row, rounded up to a bucket if any."""
-    arrays = [np.asarray(r, dtype=np.int64)[np.newaxis] for r in rows]
+def _padded(rows: Sequence[Sequence[Any]], pad_value: int, buckets: Sequence[int],
+            inner: tuple[int, ...] = ()) -> np.ndarray:
+    """INT64 ``[rows, length, *inner]``: ``length`` is the longest row, rounded up to a bucket if
+    any (``inner`` (2,) for rows of offset pairs)."""
+    arrays = [np.asarray(r, dtype=np.int64).reshape(1, len(r), *inner) for r in rows]
     length = bucket_length(max(len(r) for r in rows), buckets)
-    return pad_stack(arrays, pad_value, (length,))
+    return pad_stack(arrays, pad_value, (length, *inner))
 
 
 def tokenize_requests(
@@ -149,6 +166,7 @@ def tokenize_requests(
     *,
     pairs: bool = False,
     token_types: bool = False,
+    offsets: bool = False,
     prompt: str = "",
 ) -> list[dict[str, np.ndarray] | Exception]:
     """Tokenize the ``TEXT`` input (and ``TEXT_PAIR``) of every request of one ``execute`` call.
@@ -167,6 +185,10 @@ def tokenize_requests(
         max_text_bytes: the largest accepted text, in UTF-8 bytes.
         pairs: each row is the pair (``TEXT``, ``TEXT_PAIR``), tokenized as one sequence.
         token_types: also return ``token_type_ids`` (0 for the first text, 1 for the second).
+        offsets: also return ``offsets`` (INT64 ``[rows, length, 2]``: each token's character
+            span in the text, ``[0, 0]`` for special tokens and padding) and
+            ``special_tokens_mask`` (1 for special tokens and padding), as transformers'
+            ``return_offsets_mapping`` and ``return_special_tokens_mask`` give them.
         prompt: prepended to every ``TEXT`` before tokenizing (sentence-transformers' prompts,
             e.g. ``"query: "``); the byte limit applies to the text as sent.
 
@@ -197,6 +219,9 @@ def tokenize_requests(
         }
         if token_types:
             columns[TOKEN_TYPES] = [e.type_ids for e in encodings]
+        if offsets:
+            columns[OFFSETS] = [e.offsets for e in encodings]
+            columns[SPECIAL_TOKENS] = [e.special_tokens_mask for e in encodings]
         return columns
 
     results = run_batched(requests, prepare, compute)
@@ -206,7 +231,8 @@ def tokenize_requests(
             out.append(result)
             continue
         out.append({
-            name: _padded(rows, pad_id if name == "input_ids" else 0, buckets)
+            name: _padded(rows, pad_id if name == "input_ids" else PAD_VALUES.get(name, 0),
+                          buckets, (2,) if name == OFFSETS else ())
             for name, rows in result.items()
         })
     return out
@@ -215,7 +241,8 @@ def tokenize_requests(
 @dataclass(frozen=True)
 class TokenizerSettings:
     """What the ``text_tokenizer`` model reads from its config: ``parameters``, and from its
-    inputs and outputs whether it tokenizes pairs and emits ``token_type_ids``."""
+    inputs and outputs whether it tokenizes pairs and emits ``token_type_ids`` (and
+    ``offsets`` with ``special_tokens_mask``)."""
 
     tokenizer_file: Path
     max_length: int = 256
@@ -226,6 +253,7 @@ class TokenizerSettings:
     prompt: str = ""
     pairs: bool = False
     token_types: bool = False
+    offsets: bool = False
 
     @classmethod
     def from_parameters(
@@ -235,10 +263,11 @@ class TokenizerSettings:
         """Parse ``tokenizer_file`` (relative to ``version_dir``), ``max_length``,
         ``max_text_bytes``, ``length_buckets`` (comma-separated) and ``prompt``; ``inputs`` and
         ``outputs`` are the config's tensor names (``TEXT_PAIR`` in: pairs; ``token_type_ids``
-        out: segment ids).
+        out: segment ids; ``offsets`` and ``special_tokens_mask`` out: character spans).
 
         Raises:
-            ConfigurationError: a value is malformed or the tokenizer file is missing.
+            ConfigurationError: a value is malformed, the tokenizer file is missing, or only one
+                of ``offsets`` and ``special_tokens_mask`` is declared.
         """
 
         def integer(key: str, default: int) -> int:
@@ -263,6 +292,12 @@ class TokenizerSettings:
                 f"model '{model}': parameter 'tokenizer_file' names {tokenizer_file}, "
                 "which does not exist"
             )
+        spans = [name for name in (OFFSETS, SPECIAL_TOKENS) if name in outputs]
+        if len(spans) == 1:
+            raise ConfigurationError(
+                f"model '{model}': outputs '{OFFSETS}' and '{SPECIAL_TOKENS}' go together "
+                f"(the config declares only {spans[0]!r})"
+            )
         return cls(
             tokenizer_file=tokenizer_file,
             max_length=integer("max_length", 256),
@@ -271,4 +306,5 @@ class TokenizerSettings:
             prompt=params.get("prompt", ""),
             pairs=PAIR_INPUT in inputs,
             token_types=TOKEN_TYPES in outputs,
+            offsets=bool(spans),
         )

@@ -1,6 +1,7 @@
 """Triton Python model ``text_tokenizer``: UTF-8 ``TEXT`` strings (and ``TEXT_PAIR`` for pair
-models) in, ``input_ids`` and ``attention_mask`` (and ``token_type_ids`` when the config declares
-it) out. A thin shell over ``pipeline_ops.text`` (all logic and tests live there).
+models) in, ``input_ids`` and ``attention_mask`` (and ``token_type_ids``, ``offsets`` and
+``special_tokens_mask`` when the config declares them) out. A thin shell over
+``pipeline_ops.text`` (all logic and tests live there).
 """
 
 import json
@@ -34,7 +35,8 @@ class TritonPythonModel:
         inputs = triton_io.request_inputs(pb_utils, requests[:admitted], names)
         results = text.tokenize_requests(
             self.tokenizer, inputs, self.pad_id, settings.buckets, settings.max_text_bytes,
-            pairs=settings.pairs, token_types=settings.token_types, prompt=settings.prompt,
+            pairs=settings.pairs, token_types=settings.token_types, offsets=settings.offsets,
+            prompt=settings.prompt,
         )
         refused = [self.gate.refusal()] * (len(requests) - admitted) if self.gate else []
         return triton_io.responses(pb_utils, [*results, *refused])

@@ -286,7 +286,11 @@ class PythonModelSpec:
         "`model.py` exists."
     )
     max_batch_size: PositiveInt = Field(description="`max_batch_size`.")
-    inputs: Tensors = Field(description="`input`, never ragged. `pad_value` is not accepted.")
+    inputs: Tensors = Field(
+        description="`input`. An input with a named axis gets `allow_ragged_batch: true` on "
+        "both targets (the Python backend hands each request's own tensors to `execute`, so "
+        "requests of different lengths may share a call). `pad_value` is not accepted."
+    )
     outputs: Tensors = Field(description="`output`.")
     parameters: dict[Annotated[str, Field(title="name")], ParameterValue] = Field(
         default_factory=dict,
@@ -380,6 +384,13 @@ class PipelineSpec:
     outputs: Tensors = Field(description="Ensemble `output`.")
     steps: Annotated[tuple[StepSpec, ...], AfterValidator(non_empty), MIN_ONE] = Field(
         description="Steps in order."
+    )
+    parameters: dict[Annotated[str, Field(title="name")], ParameterValue] = Field(
+        default_factory=dict,
+        description="`parameters { key value { string_value } }` of the ensemble: what a client "
+        "reads about the pipeline from the server (`get_model_config`). `task` names what the "
+        "pipeline answers, e.g. `token-classification` (written by `tools add "
+        "hf-token-classification`: an HTTP gateway picks its route by it).",
     )
     targets: Annotated[tuple[Target, ...], AfterValidator(non_empty), MIN_ONE] = Field(
         TARGETS,

@@ -437,7 +437,7 @@ class WarmupSpec:
 
 
 RECIPE_KINDS = ("hf-text-embedding", "hf-sequence-classification", "hf-cross-encoder",
-                "image-classification")
+                "hf-token-classification", "image-classification")
 # What a cross-encoder's graph applies to its logits (sentence-transformers' CrossEncoder
 # activation_fn: Sigmoid for one label, Identity otherwise, unless its config names one).
 CROSS_ENCODER_ACTIVATIONS = ("sigmoid", "identity")
@@ -452,7 +452,11 @@ class RecipeSpec:
         "`embedding`), `hf-sequence-classification` (→ `logits`), `hf-cross-encoder` (a "
         "`*ForSequenceClassification` model scoring text pairs: `input_ids`, `attention_mask` "
         "and, when the model takes them, `token_type_ids` → `score`, `activation` applied in the "
-        "graph) or `image-classification` (`factory`'s model: `pixel_values` → `logits`)."
+        "graph), `hf-token-classification` (a `*ForTokenClassification` model → per-token "
+        "`logits` `[batch, sequence, labels]`; after the ONNX parity, the build checks the "
+        "entities of the served steps against transformers' token-classification pipeline for "
+        "every aggregation strategy) or `image-classification` (`factory`'s model: "
+        "`pixel_values` → `logits`)."
     )
     path: Omittable[str] = Field(
         None,

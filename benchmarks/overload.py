@@ -1,16 +1,16 @@
 """Overload of one pipeline or model against its P99 objective, as `tools serve` runs it.
 
 Each run measures capacity (closed loop on tritonserver's own port), then open loops at 2x, 4x
-and 8x of it through the guard, and prints every point: accepted P99 and throughput, goodput
-(accepted / capacity), refusals by where they happened (the guard's admission, Triton's queue
+and 8x of it through the front (``--no-front``: tritonserver alone), and prints every point: accepted P99 and throughput, goodput
+(accepted / capacity), refusals by where they happened (the front's admission, Triton's queue
 size or timeout, the first step's gate) and the cores each process used. Exits 1 when any run
 misses a target: accepted P99 <= 1.5 x the objective and goodput >= 0.85, at every multiple.
 The objective is the one the build renders into the model's config (``admission_p99_ms``, from
 the SLO file: a pipeline's own, a step's from its pipeline), so ``--model minilm_encoder`` loads
 the encoder directly against the text pipeline's objective.
 
-    python scripts/overload_slo.py --repository model_repository --runs 5
-    python scripts/overload_slo.py --repository model_repository --model minilm_encoder --runs 5
+    python benchmarks/overload.py --repository model_repository --runs 3
+    python benchmarks/overload.py --repository model_repository --model minilm_encoder --runs 3
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools import paths  # noqa: E402
 from tools.build_repo.admission import objectives  # noqa: E402
 from tools.build_repo.spec import load_spec  # noqa: E402
-from tools.serve.grpc_guard import MAX_MESSAGE_BYTES  # noqa: E402
-from tools.serve.http_guard import GuardLimits  # noqa: E402
+from tools.front.plan import Limits  # noqa: E402
 from tools.serve.overload import GENERATORS, GOODPUT_TARGET, P99_FACTOR, overload_run, scenario_bodies  # noqa: E402
 from tools.serve.server import EmbeddedServer  # noqa: E402
 
@@ -77,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds left out per point")
     parser.add_argument("--max-length", type=int, default=None,
                         help="only requests whose tensors are at most this long (token ids)")
-    parser.add_argument("--no-guards", action="store_true",
-                        help="tritonserver alone (as tests and tools bench start it)")
+    parser.add_argument("--no-front", action="store_true", help="tritonserver alone")
     parser.add_argument("--generator", choices=GENERATORS, default="c",
                         help="what sends the open loops: C (tools/load/open_loop.c, little CPU "
                              "on the cores the server shares) or the Python load engine")
@@ -90,18 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     objective = found[args.model]
     bodies = scenario_bodies(args.spec, args.model, max_length=args.max_length)
     factors = [float(f) for f in args.factors.split(",")]
-    guards = {} if args.no_guards else {"http_guard": GuardLimits(), "grpc_guard": MAX_MESSAGE_BYTES}
+    front = None if args.no_front else Limits()
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average "
           f"{os.getloadavg()[0]:.1f}; {args.model}: P99 objective {objective:g} ms "
           f"({args.target}), targets: accepted P99 <= {P99_FACTOR * objective:g} ms, "
-          f"goodput >= {GOODPUT_TARGET}; {'no guards' if args.no_guards else 'HTTP and gRPC guards'}; "
+          f"goodput >= {GOODPUT_TARGET}; {'no front' if args.no_front else 'through the front'}; "
           f"open loops sent by the {args.generator} load generator",
           flush=True)
     header = ["| run | point | offered req/s | accepted req/s | goodput | P50 ms | P99 ms | "
               "refused by | cores | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
     runs, failed = [], []
-    with EmbeddedServer(args.repository, exit_timeout_s=10, **guards) as server:
+    with EmbeddedServer(args.repository, exit_timeout_s=10, front=front) as server:
         for index in range(1, args.runs + 1):
             run = overload_run(server.http_url, server.triton_http_url, args.model, bodies,
                                server.pid, server.models, factors, users=args.users,
