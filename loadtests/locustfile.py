@@ -19,7 +19,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from loadtests import listeners  # noqa: F401  (registers the gate)
-from loadtests.users import TritonGrpcUser, TritonHttpUser
+from loadtests.users import ApiUser, TritonGrpcUser, TritonHttpUser
 
 
 class ScenarioHttpUser(TritonHttpUser):
@@ -28,6 +28,18 @@ class ScenarioHttpUser(TritonHttpUser):
 
 class ScenarioGrpcUser(TritonGrpcUser):
     """``--scenario`` over tritonclient gRPC."""
+
+
+class ScenarioOpenaiUser(ApiUser):
+    """``--scenario`` through the gateway's OpenAI route (``tools loadtest --api openai``)."""
+
+    api = "openai"
+
+
+class ScenarioTeiUser(ApiUser):
+    """``--scenario`` through the gateway's TEI route (``tools loadtest --api tei``)."""
+
+    api = "tei"
 
 
 # The shipped pipelines under the class names docker-compose.yml's LOCUST_USER_CLASS uses; the

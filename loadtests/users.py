@@ -172,14 +172,17 @@ class TritonUser(User):
         exception: BaseException | None = None
         size = 0
         try:
-            outputs = self._infer(inputs)
-            size = _response_bytes(outputs)
-            problem = self.scenario.check(request, outputs)
+            size, problem = self._answer(request, inputs)
             if problem:
                 exception = ResponseError(problem)
         except Exception as exc:  # noqa: BLE001 - every failure is a recorded error
             exception = exc
         self._fire(start, self.scenario.labels[index], size, exception)
+
+    def _answer(self, request: Request, inputs: Any) -> tuple[int, str | None]:
+        """Send one request; its answer's size and what breaks the scenario's contract."""
+        outputs = self._infer(inputs)
+        return _response_bytes(outputs), self.scenario.check(request, outputs)
 
     def _fire(self, start: float, label: str, size: int, exception: BaseException | None) -> None:
         latency_ms = (time.perf_counter() - start) * 1000.0
@@ -271,3 +274,46 @@ class TritonGrpcUser(TritonUser):
             client.close()
             self.client = None
 
+
+
+class ApiUser(TritonUser):
+    """The scenario through the gateway's OpenAI or TEI route (``tools/api``): the same texts as
+    JSON of that API, over geventhttpclient (cooperative under Locust). The answer must hold one
+    row per row sent. ``protocol`` stays ``http``: the SLO file's HTTP targets gate it."""
+
+    abstract = True
+    protocol = "http"
+    api: ClassVar[str] = ""
+
+    def _connect(self, url: str, pool: int) -> None:
+        from geventhttpclient import HTTPClient
+
+        from tools.api.client import scenario_route
+
+        host, _, port = url.rpartition(":")
+        self.client = HTTPClient(host, int(port), concurrency=pool,
+                                 connection_timeout=CLIENT_TIMEOUT_S,
+                                 network_timeout=CLIENT_TIMEOUT_S)
+        self._route = scenario_route(self.scenario, self.api)
+
+    def _build_inputs(self, request: Request) -> Any:
+        from tools.api.client import api_request
+
+        prepared = api_request(self._route, request)
+        return prepared.http_path, prepared.http_body()
+
+    def _answer(self, request: Request, inputs: Any) -> tuple[int, str | None]:
+        from tools.api.client import problem
+
+        path, body = inputs
+        response = self.client.post(path, body=body, headers={"Content-Type": "application/json"})
+        data = response.read()
+        if response.status_code != 200:
+            raise RequestFailed(f"HTTP {response.status_code} {data[:200].decode(errors='replace')}")
+        return len(data), problem(self._route, request, data)
+
+    def _close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+            self.client = None

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("build", ("tools.build_repo",)),
     ("stages", ("tools.serve", "tools.load", "tools.loadtest", "tools.bench", "tools.tune",
                 "tools.deploy", "tools.add", "tools.infer", "tools.gpu_check",
-                "tools.spec_schema", "tools.init")),
+                "tools.spec_schema", "tools.init", "tools.api")),
     ("cli", ("tools.cli", "tools.cli_doc")),
 ]
 

@@ -4,6 +4,7 @@ that kills a run which does not end by itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -63,20 +64,21 @@ def test_locust_command_uses_dispatchers_when_rate_is_given(tmp_path):
 _LIST_USER_CLASSES = """
 import importlib.util, json, sys
 import locust  # monkey-patches like `locust -f` does, before the locustfile's gRPC set-up
-from loadtests.users import TritonGrpcUser, TritonHttpUser
+from loadtests.users import ApiUser, TritonGrpcUser, TritonHttpUser
 spec = importlib.util.spec_from_file_location("locustfile", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 bases = {"http": TritonHttpUser, "grpc": TritonGrpcUser}
 print(json.dumps({
-    name: [p for p, base in bases.items() if issubclass(cls, base)] + [cls.default_scenario]
+    name: [p for p, base in bases.items() if issubclass(cls, base)]
+          + ([cls.api] if issubclass(cls, ApiUser) else []) + [cls.default_scenario]
     for name, cls in vars(module).items()
     if isinstance(cls, type) and issubclass(cls, locust.User) and cls.__module__ == "locustfile"
 }))
 """
 
 
-def test_locustfile_defines_one_user_per_protocol_and_the_compose_class_names():
+def test_locustfile_defines_one_user_per_protocol_and_api_and_the_compose_class_names():
     # In a child: importing locust monkey-patches the interpreter (gevent), not for pytest's.
     out = subprocess.run(
         [sys.executable, "-c", _LIST_USER_CLASSES, str(LOCUSTFILE)],
@@ -84,6 +86,9 @@ def test_locustfile_defines_one_user_per_protocol_and_the_compose_class_names():
     ).stdout
     classes = json.loads(out.strip().splitlines()[-1])
     expected = {_spec(Path("."), protocol=p).user_class: [p, ""] for p in ("http", "grpc")}
+    # tools loadtest --api: the scenario through the gateway, gated on the HTTP targets
+    expected.update({dataclasses.replace(_spec(Path(".")), api=api).user_class: [api, ""]
+                     for api in ("openai", "tei")})
     # docker-compose.yml's LOCUST_USER_CLASS names: the same users with a default scenario.
     for scenario in ("text_embedding", "image_classification"):
         for protocol in ("http", "grpc"):

@@ -16,6 +16,7 @@ from tools.errors import ToolkitError, UserInputError
 # name -> "module:attribute" of a click.Command; imported only when used, so that
 # `tools serve` does not pay for importing torch.
 _COMMANDS = {
+    "api": "tools.api.command:api",
     "build-repo": "tools.build_repo.command:build_repo",
     "serve": "tools.serve.command:serve",
     "infer": "tools.infer:infer",
@@ -29,6 +30,7 @@ _COMMANDS = {
 
 # Shown by `tools --help` without importing each stage.
 _SHORT_HELP = {
+    "api": "Serve OpenAI's /v1/embeddings and TEI's /embed, /rerank, /predict in front of Triton.",
     "build-repo": "Export, check and write the Triton model repository from the spec.",
     "serve": "Run a real tritonserver on the model repository (embedded by default).",
     "infer": "Send one request to a model or pipeline and print the result.",

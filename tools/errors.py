@@ -57,3 +57,43 @@ class BuildError(ToolkitError):
 
 class ModelSourceError(UserInputError):
     """A model folder or file given to a recipe is not a model of that kind, or lacks a file."""
+
+
+class ApiError(ToolkitError):
+    """A request to the OpenAI/TEI gateway (``tools/api``) that it refuses or cannot serve.
+
+    Each API answers it in its own error shape and status code (``tools/api/openai_routes.py``,
+    ``tools/api/tei_routes.py``); ``param`` names the request field at fault, when one is.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ApiInvalidRequest(ApiError):
+    """A body the API does not accept: not JSON, a wrong type, a missing field, a limit passed."""
+
+
+class ApiEmptyInput(ApiInvalidRequest):
+    """A request with nothing to compute (an empty list of inputs)."""
+
+
+class ApiBodyTooLarge(ApiInvalidRequest):
+    """A request body above the gateway's size limit (HTTP 413)."""
+
+
+class ApiModelNotFound(ApiInvalidRequest):
+    """The request names no served pipeline of the kind its route serves."""
+
+
+class ApiOverloaded(ApiError):
+    """Triton refused the request for lack of room (a full queue, the admission gate): retry."""
+
+
+class ApiBackendError(ApiError):
+    """Triton failed the request for another reason than the request itself."""
+
+
+class ApiUnavailable(ApiError):
+    """The gateway cannot serve yet: Triton is not ready, or the pipelines are not discovered."""

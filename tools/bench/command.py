@@ -69,14 +69,21 @@ def _ints(value: str, option: str) -> list[int]:
 @click.option("--front-cost", is_flag=True,
               help="Also sweep each protocol on tritonserver's own port, around the front, on "
               "the same server, and print through/around (at the same concurrency).")
+@click.option("--api-cost", is_flag=True,
+              help="Also measure each pipeline the OpenAI/TEI routes serve through the API "
+              "gateway (tools api, started in front of Triton's own HTTP port) and straight to "
+              "that port with KServe v2 JSON, the same requests at each concurrency, rounds "
+              "alternating; print through/direct per round.")
+@option("--api-rounds", type=click.IntRange(min=1), default=3, show_default=True,
+        help="Rounds of --api-cost at each concurrency.")
 @option("--output", type=click.Path(file_okay=False, path_type=Path),
         default=Path("reports/bench"), show_default=True,
         help="Folder for bench.json and bench.png.")
 def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | None,
           data: Path | None, scenarios: tuple[str, ...], batch_sizes: str, concurrency: str,
           protocol: str, duration: float, warmup: float, min_seconds: float, half_load: bool,
-          tail_cycles: int, front: bool | None, front_cost: bool,
-          output: Path) -> None:
+          tail_cycles: int, front: bool | None, front_cost: bool, api_cost: bool,
+          api_rounds: int, output: Path) -> None:
     """Measure served pipelines against their in-process limits, in one run on this machine.
 
     For each pipeline (text_embedding: the exported fp32 encoder; text_embedding_int8: the int8
@@ -110,7 +117,7 @@ def bench(spec_path: Path, repository: Path, url: str | None, grpc_url: str | No
         protocols=("grpc", "http") if protocol == "both" else (protocol,),
         duration_s=duration, warmup_s=warmup, min_seconds=min_seconds, half_load=half_load,
         tail_cycles=tail_cycles, output=output, url=url, grpc_url=grpc_url, front=front,
-        front_cost=front_cost,
+        front_cost=front_cost, api_cost=api_cost, api_rounds=api_rounds,
     )
     run = run_bench(plan, lambda line: click.echo(line, err=True))
     table, variants = report.write(run, output)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import paths
+from tools.bench.api_cost import cost_line
 from tools.bench.inprocess import LimitResult
 from tools.bench.sweep import AROUND, BenchRun
 from tools.bench.targets import compute_model
@@ -411,6 +412,7 @@ def payload(run: BenchRun, table: str, variants: str) -> dict[str, Any]:
         "tail": tail_ratios(run.served),
         "variants": variant_rows(run.limits, run.served),
         "front_cost": front_costs(run.served),
+        "api_cost": [c.to_dict() for c in run.api_costs],
         "in_process": [r.to_dict() for r in run.limits],
         "served": [served_row(s) for s in run.served],
         "table": table,
@@ -433,7 +435,7 @@ def summary_lines(run: BenchRun) -> list[str]:
         else:
             lines.append(f"{target.name}: best served / limit = {figures['best_ratio']:.2f} "
                          f"({top['protocol']} c={top['concurrency']})")
-    return lines
+    return lines + [cost_line(c) for c in run.api_costs]
 
 
 def write(run: BenchRun, output: Path) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.bench.api_cost import ApiCost
 from tools.bench.inprocess import InProcessEncoder, LimitResult, measure as measure_limit
 from tools.bench.served import measure
 from tools.bench.targets import Target, resolve
@@ -29,6 +30,7 @@ DIRECT = "http-direct"  # HTTP on tritonserver's own port, around the front
 DIRECT_GRPC = "grpc-direct"  # gRPC on tritonserver's own port, around the front
 # The labels measured around the front (--front-cost) -> the protocol they are sent with.
 AROUND = {DIRECT: "http", DIRECT_GRPC: "grpc"}
+TRITON_HTTP = "triton-http"  # tritonserver's own HTTP port (what the API gateway calls)
 # The longest a tail point sending whole cycles of the requests may take (then it is cut short,
 # and the tail line says its P99s are not over the same requests).
 TAIL_BOUND_S = 600.0
@@ -60,6 +62,9 @@ class BenchPlan:
         front: The embedded server's front: None as ``tools serve`` decides (on where haproxy
             is installed).
         front_cost: Also sweep each protocol on tritonserver's own port, around the front.
+        api_cost: Also measure each pipeline the OpenAI/TEI routes serve through the API
+            gateway and straight to Triton's HTTP (``tools.bench.api_cost``).
+        api_rounds: Interleaved rounds of that comparison at each concurrency.
     """
 
     repository: Path
@@ -80,6 +85,8 @@ class BenchPlan:
     grpc_url: str | None = None
     front: bool | None = None
     front_cost: bool = False
+    api_cost: bool = False
+    api_rounds: int = 3
 
 
 @dataclass
@@ -96,6 +103,7 @@ class BenchRun:
         conditions: How it was measured (server, front, load average, cores).
         notes: Pipelines left out and why.
         started: Start time (epoch seconds).
+        api_costs: The API gateway's cost (``--api-cost``), per pipeline and concurrency.
     """
 
     plan: BenchPlan
@@ -106,6 +114,7 @@ class BenchRun:
     conditions: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     started: float = 0.0
+    api_costs: list[ApiCost] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -116,7 +125,8 @@ def _server(plan: BenchPlan, say: Say,
     ours to watch)."""
     if plan.url and plan.grpc_url:
         conditions.update(server=f"given: http {plan.url}, grpc {plan.grpc_url}", front=None)
-        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url}, None
+        yield {"grpc": plan.grpc_url, "http": plan.url, "stats": plan.url,
+               TRITON_HTTP: plan.url}, None
         return
     from tools.front.plan import Limits
     from tools.front.process import find_haproxy
@@ -132,7 +142,8 @@ def _server(plan: BenchPlan, say: Say,
     server.start(timeout_s=300)
     try:
         say(f"tritonserver ready: http {server.http_url}, grpc {server.grpc_url}")
-        found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url}
+        found = {"grpc": server.grpc_url, "http": server.http_url, "stats": server.http_url,
+                 TRITON_HTTP: server.triton_http_url}
         if plan.front_cost and front:
             found[DIRECT] = server.triton_http_url
             found[DIRECT_GRPC] = server.triton_grpc_url
@@ -238,6 +249,24 @@ def _sweep(run: BenchRun, target: Target, endpoints: dict[str, str], say: Say,
                                       if len(halves) > 1 else ""))
 
 
+def _api_cost(run: BenchRun, triton_url: str, say: Say) -> list[ApiCost]:
+    """The gateway in front of Triton's own HTTP port; each pipeline it serves through it and
+    direct, rounds interleaved."""
+    from tools.api.server import ApiServer
+    from tools.bench import api_cost
+
+    plan = run.plan
+    gateway = ApiServer(triton_url, plan.repository, log_path=plan.output / "api.log")
+    say(f"starting the API gateway in front of {triton_url} (log {gateway.log_path}) ...")
+    with gateway:
+        say(f"API gateway ready: http {gateway.url}; {plan.api_rounds} rounds per concurrency, "
+            "direct and through it alternating")
+        return api_cost.measure(run.targets, triton_url, gateway.url, levels=plan.levels,
+                                rounds=plan.api_rounds, warmup_s=plan.warmup_s,
+                                duration_s=plan.duration_s, say=say,
+                                gateway_pid=gateway.pid)
+
+
 def _p99s(passes: list[Point]) -> str:
     return " / ".join("-" if p.p99_ms is None else f"{p.p99_ms:.1f}" for p in passes) + " ms"
 
@@ -276,6 +305,8 @@ def run_bench(plan: BenchPlan, say: Say) -> BenchRun:
                                  "installed); nothing to measure around")
         for target in targets:
             _sweep(run, target, endpoints, say, roles)
+        if plan.api_cost:
+            run.api_costs = _api_cost(run, endpoints[TRITON_HTTP], say)
     run.conditions["load_average_end"] = round(os.getloadavg()[0], 2)
     run.conditions["cpus"] = os.cpu_count()
     return run

@@ -254,6 +254,14 @@ def _gpu_target_instances(gpu) -> InstanceGroup:
     return InstanceGroup("KIND_GPU", gpu.count, gpu.gpus)
 
 
+def _graph_parameters(model: ModelSpec) -> tuple[tuple[str, str], ...]:
+    """What the graph applies that no runner reads, declared for its callers: a recipe's
+    ``activation`` (a cross-encoder's sigmoid or identity), which the API gateway needs to give
+    raw scores (``tools/api``)."""
+    activation = model.recipe.activation if model.recipe is not None else None
+    return (("activation", activation),) if activation else ()
+
+
 def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
     """The config of a PyTorch model for ``target`` (cpu: Python ONNX runner; gpu: native)."""
     common = dict(
@@ -288,6 +296,7 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
                 # only where it is not ONNX Runtime fp32, so those configs stay as they were
                 *((("runtime", model.cpu.runtime), ("inference_precision", model.cpu.precision))
                   if model.cpu.runtime != "onnxruntime" else ()),
+                *_graph_parameters(model),
             ),
             **common,
         )
@@ -297,7 +306,7 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
     if model.gpu.backend == "tensorrt":
         return TritonModelConfig(
             platform="tensorrt_plan", default_model_filename=PLAN_FILE, inputs=inputs,
-            instance_groups=groups, **common,
+            instance_groups=groups, parameters=_graph_parameters(model), **common,
         )
     optimization = None
     if model.gpu.onnxruntime_tensorrt_accelerator:
@@ -312,7 +321,8 @@ def model_config(model: ModelSpec, target: str) -> TritonModelConfig:
         }
     return TritonModelConfig(
         backend="onnxruntime", default_model_filename=ONNX_FILE, inputs=inputs,
-        instance_groups=groups, optimization=optimization, **common,
+        instance_groups=groups, optimization=optimization, parameters=_graph_parameters(model),
+        **common,
     )
 
 

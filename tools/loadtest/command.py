@@ -7,6 +7,8 @@ or started embedded on a built repository (``--repository``).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -16,6 +18,8 @@ from pathlib import Path
 import click
 
 from tools.command import (
+    HTTP_EXAMPLE,
+    HostPort,
     ToolCommand,
     data_option,
     grpc_url_option,
@@ -50,7 +54,7 @@ class _Progress:
 
     def __call__(self, spec: RunSpec, fields: dict[str, str]) -> None:
         line = (
-            f"[{spec.scenario}/{spec.protocol}] t={fields.get('t', '?')} {fields.get('phase', '')}"
+            f"[{spec.label}] t={fields.get('t', '?')} {fields.get('phase', '')}"
             f"  requests {fields.get('requests', '?')}  {fields.get('rps', '?')} req/s"
             f"  P99 {fields.get('p99_ms', '-')} ms  errors {fields.get('errors', '0')}"
         )
@@ -90,17 +94,21 @@ def run_loadtests(
     data: Path | None = None,
     p99_ms: float | None = None,
     max_error_ratio: float | None = None,
+    api: str | None = None,
+    api_url: str | None = None,
 ) -> list[RunResult]:
     """Run every scenario over every protocol, one after the other, and return the results.
 
     Load, duration and warm-up default to the scenario's ``load`` in the SLO file (or
-    ``DEFAULT_LOAD`` for a scenario only ``p99_ms`` gives targets to).
+    ``DEFAULT_LOAD`` for a scenario only ``p99_ms`` gives targets to). With ``api``
+    (``openai``, ``tei``) each scenario goes through that API's route of the gateway at
+    ``api_url`` (default ``url``: a front that routes both), gated on the HTTP targets.
 
     Raises:
         UserInputError: an endpoint for a requested protocol is missing, a scenario is not in
             the spec, ``data`` does not fit it, or the SLO file is bad or lacks the scenario.
     """
-    endpoints = {"http": url, "grpc": grpc_url}
+    endpoints = {"http": (api_url or url) if api else url, "grpc": grpc_url}
     for protocol in protocols:
         if not endpoints[protocol]:
             option = "--url" if protocol == "http" else "--grpc-url"
@@ -130,10 +138,14 @@ def run_loadtests(
                 data=data,
                 p99_ms=p99_ms,
                 max_error_ratio=max_error_ratio,
+                api=api,
             )
+            if api:
+                spec = dataclasses.replace(spec, report_dir=report_dir / f"{scenario}-{api}")
             load = f"{spec.rate:g} req/s open loop" if spec.rate else f"{spec.users} users"
+            via = f"through the {api} API" if api else f"over {protocol}"
             click.echo(
-                f"== {scenario} over {protocol} at {spec.host}: {load}, "
+                f"== {scenario} {via} at {spec.host}: {load}, "
                 f"{spec.warmup_s:g} s warm-up + {spec.duration_s:g} s",
                 err=True,
             )
@@ -157,6 +169,7 @@ def write_overview(results: list[RunResult], report_dir: Path) -> Path:
         {
             "scenario": r.spec.scenario,
             "protocol": r.spec.protocol,
+            "api": r.spec.api,
             "passed": r.passed,
             "exit_code": r.exit_code,
             "timed_out": r.timed_out,
@@ -211,6 +224,13 @@ def chosen_scenarios(spec_path: Path, names: tuple[str, ...], data: Path | None,
 @grpc_url_option("a running server.")
 @option("--repository", type=click.Path(file_okay=False, path_type=Path),
         help="Start the embedded tritonserver on this built repository instead.")
+@option("--api", type=click.Choice(["openai", "tei"]),
+        help="Send each scenario through this API's route of the gateway (OpenAI's "
+        "/v1/embeddings; TEI's /embed, /rerank or /predict, by the pipeline's kind) instead of "
+        "KServe v2, gated on the SLO file's HTTP targets (docs/api.md).")
+@option("--api-url", type=HostPort(HTTP_EXAMPLE),
+        help="The gateway, when it is not behind the same front as --url [default: --url; "
+        "with --repository, a gateway started in front of the embedded server].")
 @option("--concurrency", type=click.IntRange(min=1), old_names=("--users",),
         help="Closed loop: requests in flight (Locust users, each sending its next request when "
         "the last is answered) [default: the SLO entry's load].")
@@ -254,6 +274,8 @@ def loadtest(
     output: Path,
     stop_timeout: float,
     hard_timeout: float | None,
+    api: str | None,
+    api_url: str | None,
 ) -> None:
     """Load pipelines or models of the spec with Locust and gate them on exact P99, error ratio
     and throughput.
@@ -272,6 +294,7 @@ def loadtest(
       tools loadtest --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --scenario text_embedding \\
           --protocol grpc --rate 40 --duration 60
       tools loadtest --repository model_repository --scenario minilm_encoder --p99-ms 500
+      tools loadtest --repository model_repository --scenario text_embedding --api openai
     """
     if concurrency and rate:
         raise UserInputError("give --concurrency (closed loop) or --rate (open loop), not both")
@@ -279,9 +302,18 @@ def loadtest(
         raise UserInputError("give --repository (embedded server) or --url/--grpc-url, not both")
     if repository is None and not (url or grpc_url):
         raise UserInputError("give --url/--grpc-url of a running server, or --repository")
+    if api and protocol == "grpc":
+        raise UserInputError("--api sends JSON over HTTP: leave out --protocol grpc")
+    if api_url and not api:
+        raise UserInputError("--api-url is the gateway of --api: give --api openai or tei")
     slo_file = slo_file if slo_file is not None else default_slo_file(spec_path)
     chosen = chosen_scenarios(spec_path, scenario_names(scenarios), data, slo_file, slo_profile)
-    protocols = PROTOCOLS if protocol == "both" else (protocol,)
+    protocols = ("http",) if api else PROTOCOLS if protocol == "both" else (protocol,)
+    if api:
+        from tools.api.client import scenario_route
+
+        for scenario in chosen:  # refuse a kind the API does not serve before starting anything
+            scenario_route(scenario, api)
     for scenario in chosen:  # fail on a bad SLO file before starting anything
         scenario_slo(slo_file, slo_profile, scenario.name, p99_ms=p99_ms,
                      max_error_ratio=max_error_ratio)
@@ -291,9 +323,16 @@ def loadtest(
     from tools.serve.session import endpoints
 
     say = lambda line: click.echo(line, err=True)  # noqa: E731
-    with endpoints(repository, url, grpc_url, output / "tritonserver.log", say) as (
-        http_url, grpc_endpoint
-    ):
+    with contextlib.ExitStack() as stack:
+        http_url, grpc_endpoint = stack.enter_context(
+            endpoints(repository, url, grpc_url, output / "tritonserver.log", say))
+        if api and repository is not None:
+            from tools.api.server import ApiServer
+
+            gateway = ApiServer(http_url, repository, log_path=output / "api.log")
+            say(f"starting the API gateway in front of it (log {gateway.log_path}) ...")
+            api_url = stack.enter_context(gateway).url
+            say(f"gateway ready: http {api_url}")
         results = run_loadtests(
             scenarios=tuple(s.name for s in chosen),
             protocols=protocols,
@@ -312,6 +351,8 @@ def loadtest(
             data=data,
             p99_ms=p99_ms,
             max_error_ratio=max_error_ratio,
+            api=api,
+            api_url=api_url,
         )
     overview = write_overview(results, output)
     click.echo(f"reports: {output}/ (overview {overview})", err=True)
@@ -320,5 +361,5 @@ def loadtest(
         reasons = []
         for r in failed:
             bad = [v for v in r.verdicts if not v.startswith("SLO PASS")]
-            reasons.extend(bad or [f"{r.spec.scenario}/{r.spec.protocol}: exit code {r.exit_code}"])
+            reasons.extend(bad or [f"{r.spec.label}: exit code {r.exit_code}"])
         raise LoadTestError(f"{len(failed)} of {len(results)} runs failed: " + " | ".join(reasons))

@@ -55,6 +55,8 @@ class RunSpec:
         data: Payloads instead of the shipped ones (texts, images folder, JSON lines).
         p99_ms: P99 target over the SLO file's (enough when the file has no entry).
         max_error_ratio: Error-ratio limit over the SLO file's.
+        api: ``openai`` or ``tei``: send the scenario through that API's route of the gateway
+            at ``host`` (``tools/api``) instead of KServe v2; None: KServe v2 over ``protocol``.
     """
 
     scenario: str
@@ -74,11 +76,18 @@ class RunSpec:
     data: Path | None = None
     p99_ms: float | None = None
     max_error_ratio: float | None = None
+    api: str | None = None
 
     @property
     def user_class(self) -> str:
-        """The locustfile's user of this protocol: ``ScenarioHttpUser`` or ``ScenarioGrpcUser``."""
-        return f"Scenario{self.protocol.capitalize()}User"
+        """The locustfile's user of this protocol (``ScenarioHttpUser``, ``ScenarioGrpcUser``) or
+        API (``ScenarioOpenaiUser``, ``ScenarioTeiUser``)."""
+        return f"Scenario{(self.api or self.protocol).capitalize()}User"
+
+    @property
+    def label(self) -> str:
+        """``scenario/protocol``, or ``scenario/api`` through the gateway."""
+        return f"{self.scenario}/{self.api or self.protocol}"
 
     @property
     def hard_timeout_s(self) -> float:
@@ -112,7 +121,7 @@ def locust_command(spec: RunSpec) -> list[str]:
     """The child's command line (same interpreter, this project's locustfile)."""
     users = spec.dispatchers if spec.rate else spec.users
     if not users or users < 1:
-        raise LoadTestError(f"{spec.scenario}/{spec.protocol}: users must be >= 1, got {users}")
+        raise LoadTestError(f"{spec.label}: users must be >= 1, got {users}")
     cmd = [
         sys.executable, "-m", "locust",
         "-f", str(paths.project_file(LOCUSTFILE, "the Locust scenarios of tools loadtest")),
@@ -265,18 +274,18 @@ def run_locust(
     log_text = log_path.read_text(encoding="utf-8", errors="replace")
     if timed_out:
         verdicts.append(
-            f"LOCUST TIMEOUT {spec.scenario}/{spec.protocol}: still running after {limit:.0f} s,"
+            f"LOCUST TIMEOUT {spec.label}: still running after {limit:.0f} s,"
             f" process group killed (stacks and log: {log_path})"
         )
     elif "Timeout (0:" in log_text and summary:
         verdicts.append(
-            f"LOCUST EXIT HANG {spec.scenario}/{spec.protocol}: the gate ran but the interpreter"
+            f"LOCUST EXIT HANG {spec.label}: the gate ran but the interpreter"
             f" hung while exiting; the exit watchdog ended it (stacks in {log_path})"
         )
     elif not summary:
         tail = [line for line in log_text.splitlines() if line.strip()][-3:]
         verdicts.append(
-            f"LOCUST ERROR {spec.scenario}/{spec.protocol}: exit code {code} without a gate"
+            f"LOCUST ERROR {spec.label}: exit code {code} without a gate"
             f" summary; log {log_path}: " + " | ".join(tail)[-400:]
         )
     return RunResult(
