@@ -33,9 +33,31 @@ def _loop_and_parser() -> tuple[str, str]:
     return loop, http
 
 
+def _stop_when_gone(pid: int) -> None:
+    """SIGTERM this process (uvicorn's graceful shutdown) once process ``pid`` is gone."""
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="watch-pid", daemon=True).start()
+
+
 def run(url: str, repository: Path, host: str, port: int, limits: Limits,
-        tei_models: tuple[str, ...] = (), log_level: str = "warning") -> None:
-    """Serve the gateway until interrupted (SIGINT/SIGTERM: uvicorn's graceful shutdown)."""
+        tei_models: tuple[str, ...] = (), log_level: str = "warning",
+        watch_pid: int | None = None) -> None:
+    """Serve the gateway until interrupted (SIGINT/SIGTERM: uvicorn's graceful shutdown), or
+    until process ``watch_pid`` is gone."""
     import uvicorn
 
     from tools.api.app import create_app
@@ -46,6 +68,8 @@ def run(url: str, repository: Path, host: str, port: int, limits: Limits,
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     loop, http = _loop_and_parser()
     app = create_app(url, repository, limits, tei_models)
+    if watch_pid is not None:
+        _stop_when_gone(watch_pid)
     # One worker: the gateway's work is a few hundred microseconds a request on the cores
     # Triton uses; access logs off (a line per request costs as much again).
     uvicorn.run(app, host=host, port=port, loop=loop, http=http, access_log=False,
@@ -79,9 +103,11 @@ def run(url: str, repository: Path, host: str, port: int, limits: Limits,
 @option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
         default="warning", show_default=True, help="Log level (the pipelines found are logged "
         "at warning).")
+@option("--watch-pid", type=int, default=None, metavar="PID",
+        help="Stop (gracefully) once this process is gone (tools serve passes tritonserver's).")
 def api(url: str, repository: Path, host: str, port: int, tei_models: tuple[str, ...],
         max_body_bytes: int, openai_max_inputs: int, tei_max_inputs: int, auto_truncate: bool,
-        log_level: str) -> None:
+        log_level: str, watch_pid: int | None) -> None:
     """Serve OpenAI's /v1/embeddings and /v1/models and TEI's /embed, /rerank, /predict,
     /info and /health for the pipelines of a running Triton.
 
@@ -98,4 +124,4 @@ def api(url: str, repository: Path, host: str, port: int, tei_models: tuple[str,
     """
     limits = Limits(max_body_bytes=max_body_bytes, openai_max_inputs=openai_max_inputs,
                     tei_max_inputs=tei_max_inputs, auto_truncate=auto_truncate)
-    run(url, repository, host, port, limits, tei_models, log_level)
+    run(url, repository, host, port, limits, tei_models, log_level, watch_pid)

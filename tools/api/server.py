@@ -23,7 +23,8 @@ _LOG_TAIL = 30
 
 
 def command(url: str, repository: Path, host: str, port: int, limits: Limits = Limits(),
-            tei_models: tuple[str, ...] = (), python: str = sys.executable) -> list[str]:
+            tei_models: tuple[str, ...] = (), python: str = sys.executable,
+            watch_pid: int | None = None) -> list[str]:
     """The gateway's command line (what a container runs, with its own interpreter)."""
     argv = [python, "-m", "tools.api", "--url", url, "--repository", str(repository),
             "--host", host, "--port", str(port)]
@@ -39,6 +40,8 @@ def command(url: str, repository: Path, host: str, port: int, limits: Limits = L
         argv.append("--no-auto-truncate")
     for name in tei_models:
         argv += ["--tei-model", name]
+    if watch_pid is not None:
+        argv += ["--watch-pid", str(watch_pid)]
     return argv
 
 
@@ -57,13 +60,16 @@ class ApiServer:
         limits: Per-request limits.
         tei_models: Pipelines the TEI routes prefer.
         env: Its environment (None: this process's).
+        watch_pid: It stops by itself once this process is gone (``tools serve``: tritonserver,
+            so a detached server keeps its gateway).
     """
 
     def __init__(self, triton_url: str, repository: Path, *, host: str = LOOPBACK,
                  port: int | None = None, log_path: Path | None = None,
                  limits: Limits = Limits(), tei_models: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, watch_pid: int | None = None) -> None:
         self.triton_url = triton_url
+        self.watch_pid = watch_pid
         self.repository = Path(repository)
         self.host = host
         self.port = port or free_ports(1)[0]
@@ -91,7 +97,7 @@ class ApiServer:
     def command(self) -> list[str]:
         """Its command line."""
         return command(self.triton_url, self.repository, self.host, self.port, self.limits,
-                       self.tei_models)
+                       self.tei_models, watch_pid=self.watch_pid)
 
     def ready(self) -> bool:
         """``/health`` answers 200."""
@@ -126,6 +132,12 @@ class ApiServer:
     def poll(self) -> int | None:
         """Its exit code, or None while it runs."""
         return self._proc.poll() if self._proc is not None else None
+
+    def detach(self) -> None:
+        """Forget it, leaving it running (with ``watch_pid`` it ends with that process)."""
+        if self._proc is not None:
+            self._proc.returncode = 0  # so Popen.__del__ does not warn; init reaps it later
+            self._proc = None
 
     def stop(self) -> None:
         """SIGTERM (requests in flight finish), SIGKILL for what is left after the grace."""

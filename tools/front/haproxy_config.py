@@ -237,7 +237,10 @@ def render(plan: FrontPlan) -> str:
             f"maxqueue {MAX_QUEUE}",
         ]
     if plan.gateway_paths:
-        lines += ["", "backend gateway", f"    server gateway {_env('FORGE_GATEWAY')}"]
+        lines += ["", "backend gateway",
+                  f"    http-error status 503 content-type application/json string "
+                  f"{_json('the OpenAI/TEI gateway is not running')}",
+                  f"    server gateway {_env('FORGE_GATEWAY')}"]
     return "\n".join(lines) + "\n"
 
 

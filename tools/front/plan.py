@@ -16,6 +16,9 @@ from typing import Any
 from tools.errors import UserInputError
 
 P99_PARAMETER = "admission_p99_ms"  # tools/build_repo/admission.py renders it
+# What the front routes to the OpenAI/TEI gateway (tools.api.kinds.front_paths, which this must
+# equal: the build renders the front without importing the gateway): a prefix ends in "/".
+GATEWAY_PATHS = ("/v1/", "/embed", "/rerank", "/predict", "/info", "/health")
 MIB = 1 << 20
 # Triton model names are file names; HAProxy names allow these characters (and the front's
 # routing rules compare them as plain strings).
@@ -56,17 +59,17 @@ class FrontPlan:
         models: Every model of the repository (those without an objective share one backend).
         limits: The request limits.
         gateway_paths: HTTP paths (prefixes ending in ``/``, else exact) routed to the
-            OpenAI/TEI gateway; empty: no gateway.
+            OpenAI/TEI gateway (``GATEWAY_PATHS``); empty: none.
     """
 
     objectives: dict[str, float]
     models: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
-    gateway_paths: tuple[str, ...] = ()
+    gateway_paths: tuple[str, ...] = GATEWAY_PATHS
 
     @classmethod
     def from_repository(cls, repository: Path, limits: Limits | None = None,
-                        gateway_paths: tuple[str, ...] = ()) -> FrontPlan:
+                        gateway_paths: tuple[str, ...] = GATEWAY_PATHS) -> FrontPlan:
         """The plan of the models in ``repository`` (each ``<model>/config.pbtxt``).
 
         Raises:
@@ -88,7 +91,7 @@ class FrontPlan:
 
     @classmethod
     def from_configs(cls, configs: Mapping[str, Any], limits: Limits | None = None,
-                     gateway_paths: tuple[str, ...] = ()) -> FrontPlan:
+                     gateway_paths: tuple[str, ...] = GATEWAY_PATHS) -> FrontPlan:
         """The plan of ``configs`` (model name -> ``ModelConfig`` message).
 
         Raises:

@@ -45,21 +45,30 @@ def find_haproxy() -> Path | None:
     return Path(found) if found else None
 
 
-def fronts_of(pid: int) -> list[int]:
-    """The pids of the fronts watching tritonserver ``pid`` (a detached server's)."""
+def watchers_of(pid: int, module: str) -> list[int]:
+    """The pids of the ``python -m <module>`` processes watching tritonserver ``pid``
+    (``--watch-pid``): a detached server's front (``tools.front``) or gateway (``tools.api``)."""
     import psutil
 
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         argv = proc.info["cmdline"] or []
-        if "tools.front" in argv and "--watch-pid" in argv and \
+        if module in argv and "--watch-pid" in argv and \
                 argv[argv.index("--watch-pid") + 1:][:1] == [str(pid)]:
             found.append(proc.pid)
     return found
 
 
+def fronts_of(pid: int) -> list[int]:
+    """The pids of the fronts watching tritonserver ``pid``."""
+    return watchers_of(pid, "tools.front")
+
+
 def stop_fronts_of(pid: int) -> None:
-    """Stop the fronts of tritonserver ``pid`` (each answers what it holds first)."""
+    """Stop the gateway and then the front of tritonserver ``pid`` (each answers what it holds
+    first: the gateway's own calls still pass the front)."""
+    for gateway in watchers_of(pid, "tools.api"):
+        process.stop(gateway, STOP_GRACE_S, group=False)
     for front in fronts_of(pid):
         process.stop(front, STOP_GRACE_S, group=False)
 

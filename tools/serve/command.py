@@ -51,6 +51,9 @@ def _describe(server: EmbeddedServer) -> str:
                f"{len(server.front.plan.objectives)} models; tritonserver's own HTTP "
                f"{server.triton_http_url}, gRPC {server.triton_grpc_url}"]
               if server.front is not None else []),
+            *([f"api      OpenAI /v1/embeddings, TEI /embed /rerank /predict on the HTTP port "
+               f"(docs/api.md; gateway log {server.gateway_log_path})"]
+              if server.gateway is not None else []),
             f"metrics  http://{server.metrics_url}/metrics",
             f"models   {', '.join(server.models)}",
         ]
@@ -333,6 +336,13 @@ def _port_option(kind: str, default: int, what: str):
     "ports itself, and this says so].",
 )
 @click.option(
+    "--api/--no-api",
+    default=True,
+    show_default=True,
+    help="With the front, serve OpenAI's /v1/embeddings and TEI's /embed, /rerank, /predict on "
+    "the HTTP port too (the gateway, docs/api.md).",
+)
+@click.option(
     "--max-body-bytes",
     type=click.IntRange(1),
     default=HTTP_MAX_INPUT_SIZE,
@@ -368,6 +378,7 @@ def serve(
     probes: Path | None,
     allow_open_admin_apis: bool,
     front: bool | None,
+    api: bool,
     max_body_bytes: int,
     max_grpc_message_bytes: int,
 ) -> None:
@@ -402,8 +413,10 @@ def serve(
     requests are admitted by its P99 objective (admission_p99_ms, rendered from the SLO file):
     past latency target x measured throughput in flight a request is refused after a short
     hold (HTTP 503 with Retry-After, gRPC UNAVAILABLE with retry pushback), for direct calls to
-    a model as for its pipelines. Without haproxy installed (or with --no-front)
-    tritonserver serves the ports itself, on 127.0.0.1 only, with none of this.
+    a model as for its pipelines. The HTTP port also answers OpenAI's /v1/embeddings and
+    TEI's /embed, /rerank and /predict for the pipelines of the kinds they serve (--no-api to
+    leave them out). Without haproxy installed (or with --no-front) tritonserver serves the
+    ports itself, on 127.0.0.1 only, with none of this.
     docs/serving.md has what the front refuses and what it costs.
 
     \b
@@ -439,6 +452,7 @@ def serve(
         front=Limits(max_body_bytes=max_body_bytes, max_grpc_message_bytes=max_grpc_message_bytes)
         if front else None,
         max_body_bytes=max_body_bytes,
+        gateway=api,
     )
     if background:
         _start_in_background(server, pid_file, start_timeout, requests)

@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tools import process
 from tools.errors import ServerError, UserInputError
+from tools.api.server import ApiServer
 from tools.front.plan import FrontPlan, Limits
 from tools.front.process import INSTALL_HINT, FrontProcess, find_haproxy
 from tools.net import LOOPBACK, choose_ports
@@ -57,6 +58,7 @@ STOP_GRACE_S = 10  # after tritonserver's own exit timeout: unloading models, st
 _READY_TIMEOUT_S = 2.0
 # tritonserver's own ports when the front holds the public ones
 _TRITON_HTTP, _TRITON_GRPC = "Triton HTTP", "Triton GRPC"
+_GATEWAY = "Gateway"  # the OpenAI/TEI gateway's own port, behind the front
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -117,6 +119,9 @@ class EmbeddedServer:
         front: Put the front (HAProxy and its admission controller) on the HTTP and gRPC
             ports, with these limits, and tritonserver's own endpoints on free loopback ports
             behind it. Needs haproxy (``tools.front.process.find_haproxy``).
+        gateway: With ``front``, also serve the OpenAI and TEI routes (``tools.api``) on the
+            HTTP port: the gateway listens on a free loopback port behind the front and calls
+            the pipelines through the front, so their admission applies to it too.
         max_body_bytes: ``--http-max-input-size`` for a binary that has it.
 
     Attributes:
@@ -140,6 +145,7 @@ class EmbeddedServer:
         allow_open_admin_apis: bool | None = None,
         front: Limits | None = None,
         max_body_bytes: int = HTTP_MAX_INPUT_SIZE,
+        gateway: bool = False,
     ) -> None:
         self.model_repository = Path(model_repository)
         self._requested_ports = {"HTTP": http_port, "GRPC": grpc_port, "Metrics": metrics_port}
@@ -148,7 +154,10 @@ class EmbeddedServer:
         if front is not None:  # tritonserver's own ports, behind the front
             self._requested_ports[_TRITON_HTTP] = 0
             self._requested_ports[_TRITON_GRPC] = 0
+            self._requested_ports[_GATEWAY] = 0
         self.front: FrontProcess | None = None
+        self.want_gateway = gateway and front is not None
+        self.gateway: ApiServer | None = None
         self._ports: dict[str, int] = {}
         self._binary = binary
         self.log_path = Path(log_path) if log_path is not None else _default_log_path()
@@ -347,9 +356,15 @@ class EmbeddedServer:
             FrontPlan.from_repository(self.model_repository, self.front_limits),
             find_haproxy(), http_port=self._port("HTTP"), grpc_port=self._port("GRPC"),
             triton_http_port=self._port(_TRITON_HTTP), triton_grpc_port=self._port(_TRITON_GRPC),
-            watch_pid=self._proc.pid)
+            watch_pid=self._proc.pid, gateway_port=self._port(_GATEWAY))
         try:
             self.front.start(self.front_log_path)
+            if self.want_gateway:
+                self.gateway = ApiServer(self.http_url, self.model_repository,
+                                         port=self._port(_GATEWAY),
+                                         log_path=self.gateway_log_path,
+                                         watch_pid=self._proc.pid)
+                self.gateway.start()
         except ServerError:
             self.stop()
             raise
@@ -403,6 +418,10 @@ class EmbeddedServer:
             if self.poll() is None and self.front is not None and not self.front.running:
                 raise ServerError(f"{self.front.name} in front of tritonserver exited (exit code "
                                   f"{end.exit_code}) (its log: {self.front_log_path})")
+            if self.poll() is None and self.gateway is not None and \
+                    self.gateway.poll() is not None:
+                raise ServerError(f"the OpenAI/TEI gateway exited (exit code {end.exit_code}) "
+                                  f"(its log: {self.gateway_log_path})")
             raise ServerError(f"tritonserver exited unexpectedly (exit code {end.exit_code}) "
                               f"(server log: {self.log_path})")
         return end.reason
@@ -413,15 +432,23 @@ class EmbeddedServer:
         return self.log_path.with_name(f"{self.log_path.stem}.front.log")
 
     @property
+    def gateway_log_path(self) -> Path:
+        """The OpenAI/TEI gateway's log, beside the server's: ``<log>.api.log``."""
+        return self.log_path.with_name(f"{self.log_path.stem}.api.log")
+
+    @property
     def front_running(self) -> bool:
-        """False when this server has a front and it is not running."""
-        return self.front is None or self.front.running
+        """False when this server has a front or a gateway and it is not running."""
+        return (self.front is None or self.front.running) and \
+            (self.gateway is None or self.gateway.poll() is None)
 
     def _poll_with_front(self) -> int | None:
-        """tritonserver's exit code, else the front's if it has exited, else None."""
+        """tritonserver's exit code, else the front's or the gateway's if it has exited, else
+        None."""
         code = self.poll()
-        if code is None and self.front is not None:
-            return self.front.poll()
+        for companion in (self.front, self.gateway):
+            if code is None and companion is not None:
+                code = companion.poll()
         return code
 
     def stop(self) -> None:
@@ -439,8 +466,12 @@ class EmbeddedServer:
         # regions. Only Python-backend stub processes are read, so a reused pid is harmless.
         self._shm_regions |= process.stub_shm_regions(self._proc.pid)
         try:
-            # the front first: it stops listening, lets every request it holds be answered and
-            # closes its idle connections, so tritonserver then has nothing left to drain
+            # the gateway first (what it holds still passes the front), then the front: it
+            # stops listening, lets every request it holds be answered and closes its idle
+            # connections, so tritonserver then has nothing left to drain
+            if self.gateway is not None:
+                self.gateway.stop()
+                self.gateway = None
             if self.front is not None:
                 self.front.stop()
                 self.front = None
@@ -468,6 +499,8 @@ class EmbeddedServer:
         pid = self._proc.pid
         # forget the children so Popen.__del__ does not warn; init reaps them later
         self._proc.returncode = 0
+        if self.gateway is not None:
+            self.gateway.detach()
         if self.front is not None:
             self.front.detach()
         return pid
