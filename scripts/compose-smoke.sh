@@ -282,7 +282,8 @@ admission_refusal() {
   # 600 ms objective (short texts: 96 clients at ~360 req/s were within it, and rightly admitted).
   local id caps
   id="$(tf_service_ids triton | head -1)"
-  tf_engine logs "$id" 2>&1 | grep -q "front admission on" \
+  # (grep reads the whole log: with -q it stops early, and pipefail sees the writer's SIGPIPE)
+  tf_engine logs "$id" 2>&1 | grep "front admission on" >/dev/null \
     || tf_die "the supervisor did not start the front's admission controller: $(tf_engine logs "$id" 2>&1 | grep -i 'front admission' | tail -2)"
   tf_log "admission: 3 s warm-up of 8 clients, then $BURST_CLIENTS clients for $BURST_SECONDS s on text_embedding over HTTP (256-token texts)"
   timeout $((BURST_SECONDS + 90)) .venv/bin/python - "$BURST_CLIENTS" "$BURST_SECONDS" <<'PY' >&2 \
