@@ -30,15 +30,18 @@ from tools.deploy.artifact import package  # noqa: E402
 from tools.deploy.render import render_k8s  # noqa: E402
 
 
-def _images() -> tuple[str, str]:
+def _images() -> tuple[str, str, str]:
     tags = dict(line.split("=", 1) for line in (ROOT / "build" / "images" / "tags.env").read_text().split())
-    return f"localhost/{tags['TRITON_CPU_IMAGE']}", f"localhost/{tags['BUILDER_CPU_IMAGE']}"
+    return tuple(f"localhost/{tags[k]}" for k in ("TRITON_CPU_IMAGE", "BUILDER_CPU_IMAGE",
+                                                    "FRONT_CPU_IMAGE"))  # type: ignore[return-value]
 
 
-def _one(kind: str, image: str, builder: str, record: Path, work: Path) -> tuple[float, float]:
+def _one(kind: str, image: str, builder: str, front: str, record: Path,
+         work: Path) -> tuple[float, float]:
     out = work / f"{kind}-{time.monotonic_ns()}"
     options = {"artifact": record} if kind == "artifact" else {"dev_build": True, "builder_image": builder}
-    render_k8s(ROOT / "repository.yaml", "cpu", out / "k8s", image=image, **options)
+    render_k8s(ROOT / "repository.yaml", "cpu", out / "k8s", image=image, front_image=front,
+               **options)
     deployment = yaml.safe_load((out / "k8s" / "manifests" / "deployment.yaml").read_text())
     pod = Pod(deployment, out / "pod", spec=ROOT / "repository.yaml",
               drop_env=("FORGE_METRICS_PORT",))
@@ -63,7 +66,7 @@ def main() -> int:
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text(CONTAINERS_CONF)
         os.environ["CONTAINERS_CONF"] = str(conf)
-    image, builder = _images()
+    image, builder, front = _images()
     with tempfile.TemporaryDirectory(prefix="tf-startup-") as tmp:
         work = Path(tmp)
         started = time.monotonic()
@@ -76,7 +79,7 @@ def main() -> int:
         results: dict[str, list[float]] = {"artifact": [], "dev-build": []}
         for round_ in range(1, args.rounds + 1):
             for kind in results:
-                played, ready = _one(kind, image, builder, record, work)
+                played, ready = _one(kind, image, builder, front, record, work)
                 results[kind].append(ready)
                 print(f"round {round_} {kind:9}: kube play returned after {played:6.1f} s "
                       f"(init containers), ready after {ready:6.1f} s", flush=True)

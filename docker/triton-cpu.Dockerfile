@@ -39,25 +39,20 @@ RUN --mount=type=bind,source=build/images/wheelhouse,target=/wheels \
  && { /opt/tritonserver/libexec/tritonserver --help 2>&1 || true; } | grep -q -- --model-repository
 # Triton's default --backend-directory is /opt/tritonserver/backends, as in the NGC image.
 COPY docker/tritonserver-cpu.sh /opt/tritonserver/bin/tritonserver
-# The HTTP guard's native front (tools/serve/http_front.c), which the wrapper above puts in front
-# of Triton 2.51's HTTP: compiled statically on the host by scripts/compose-images.sh (this image
-# has no compiler); the folder is empty where the host had none, and the guard then serves in
-# Python alone.
-COPY build/images/front/ /opt/triton-forge/bin/
-ENV PATH=/opt/tritonserver/bin:${PATH} \
-    TRITON_FORGE_HTTP_FRONT=/opt/triton-forge/bin/http_front
+ENV PATH=/opt/tritonserver/bin:${PATH}
 
 FROM tritonserver AS serve
 # (The serving packages came with the lock above.)
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
-# recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service. Keep these COPY lines the same as
-# triton.Dockerfile's serve stage (tests/test_compose_cpu.py checks it).
+# recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the
+# triton service, and the front's admission controller the watchdog runs beside tritonserver
+# (tools/front/controller.py and admission.py, standard library only). Keep these COPY lines the
+# same as triton.Dockerfile's serve stage (tests/test_compose_cpu.py checks it).
 COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
-     tools/native_build.py /opt/triton-forge/tools/
+     /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
-     tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/
-COPY tools/serve/probes.py tools/serve/grpc_guard.py tools/serve/admission.py tools/serve/http_front.py \
-     /opt/triton-forge/tools/serve/
+     tools/serve/recovery.py tools/serve/server_log.py tools/serve/probes.py /opt/triton-forge/tools/serve/
+COPY tools/front/ /opt/triton-forge/tools/front/
 COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
      docker/healthcheck_probes.json docker/verify_repository.py \

@@ -25,13 +25,14 @@ COPY docker/requirements-serve.lock /tmp/requirements-serve.lock
 RUN python3 -m pip install --require-hashes --no-deps -r /tmp/requirements-serve.lock \
  && rm /tmp/requirements-serve.lock
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
-# recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the triton service.
+# recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the
+# triton service, and the front's admission controller the watchdog runs beside tritonserver
+# (tools/front/controller.py and admission.py, standard library only).
 COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
-     tools/native_build.py /opt/triton-forge/tools/
+     /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
-     tools/serve/recovery.py tools/serve/server_log.py tools/serve/http_guard.py /opt/triton-forge/tools/serve/
-COPY tools/serve/probes.py tools/serve/grpc_guard.py tools/serve/admission.py tools/serve/http_front.py \
-     /opt/triton-forge/tools/serve/
+     tools/serve/recovery.py tools/serve/server_log.py tools/serve/probes.py /opt/triton-forge/tools/serve/
+COPY tools/front/ /opt/triton-forge/tools/front/
 COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
      docker/healthcheck_probes.json docker/verify_repository.py \

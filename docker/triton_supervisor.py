@@ -18,6 +18,12 @@ Compose restarts a container that exits (restart: unless-stopped) but not one th
 unhealthy: after ``--failures`` failed checks in a row (tools/serve/health.py, as the
 healthcheck; models given up are not checked) this stops the server and exits 1 so the container
 restarts. ``--no-restart`` leaves that to the orchestrator (the kubelet's probes).
+
+With ``FORGE_FRONT_ADMIN`` and ``FORGE_FRONT_LOG`` set (compose and the pod set them), the front's
+SLO admission controller runs here too, beside tritonserver (``tools.front.controller``): it reads
+the per-request log HAProxy sends to ``FORGE_FRONT_LOG``, each model's P99 objective from
+tritonserver's own HTTP port (its ``--http-port``), and writes each model's in-flight cap to
+HAProxy's runtime API at ``FORGE_FRONT_ADMIN``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # /opt/triton-forge in the image
@@ -45,6 +53,8 @@ from tools.serve.recovery import (  # noqa: E402
 
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 METRICS_PORT_ENV = "FORGE_METRICS_PORT"
+# The front's runtime API and the socket its per-request log goes to (tools/front/haproxy_config.py)
+FRONT_ADMIN_ENV, FRONT_LOG_ENV = "FORGE_FRONT_ADMIN", "FORGE_FRONT_LOG"
 
 
 def _log(message: str) -> None:
@@ -78,6 +88,43 @@ def _option(command: list[str], flag: str) -> str | None:
         elif arg == flag and i + 1 < len(command):
             found = command[i + 1]
     return found
+
+
+def server_http(command: list[str]) -> str:
+    """tritonserver ``command``'s own HTTP endpoint as ``HOST:PORT``: its ``--http-address``
+    (loopback when it listens on every interface) and ``--http-port`` (Triton's defaults: every
+    interface, 8000)."""
+    address = _option(command, "--http-address") or "0.0.0.0"
+    host = "127.0.0.1" if address in ("0.0.0.0", "::", "[::]") else address
+    return f"{host}:{_option(command, '--http-port') or 8000}"
+
+
+def start_admission(command: list[str]) -> tuple[threading.Thread, threading.Event] | None:
+    """The front's admission controller as a thread, when ``FORGE_FRONT_ADMIN`` and
+    ``FORGE_FRONT_LOG`` are set; None (logged) otherwise or when it cannot start. Objectives are
+    read from tritonserver ``command``'s own HTTP port."""
+    admin, log = os.environ.get(FRONT_ADMIN_ENV), os.environ.get(FRONT_LOG_ENV)
+    if not (admin and log):
+        return None
+    triton = server_http(command)
+    try:
+        from tools.front.controller import run_in_thread
+
+        handle = run_in_thread(admin, log, triton)
+    except (ImportError, OSError, ValueError) as exc:
+        _log(f"front admission off: cannot start its controller ({exc})")
+        return None
+    _log(f"front admission on: per-request log from {log}, caps written to the runtime API at "
+         f"{admin}, objectives from tritonserver at {triton}")
+    return handle
+
+
+def stop_admission(handle: tuple[threading.Thread, threading.Event] | None) -> None:
+    """Stop the controller ``start_admission`` started (nothing when it did not)."""
+    if handle is not None:
+        thread, stopping = handle
+        stopping.set()
+        thread.join(2.0)
 
 
 def metrics_address(command: list[str]) -> str:
@@ -128,10 +175,20 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
     server = process.start(command, new_session=False, stdin=None)
     if stopping:
         server.send_signal(signal.SIGTERM)
+    admission = start_admission(command)
+    try:
+        return _watch(server, command, args, probes, blocker, lambda: stopping)
+    finally:
+        stop_admission(admission)
+
+
+def _watch(server: subprocess.Popen, command: list[str], args: argparse.Namespace,
+           probes: dict, blocker: str | None, is_stopping: Callable[[], bool]) -> int:
+    """``supervise`` once the server runs: wait for its models, then watch them."""
 
     def exit_code() -> int | None:
         # Once stopping, wait for the exit: nothing is reloaded while Triton unloads its models.
-        code = server.wait() if stopping else server.poll()
+        code = server.wait() if is_stopping() else server.poll()
         return None if code is None else (code if code >= 0 else 128 - code)
 
     started = time.monotonic()
@@ -141,7 +198,7 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
             return exit_code()
         except subprocess.TimeoutExpired:
             pass
-        if stopping:
+        if is_stopping():
             continue
         problems = health.check_repository(args.url, args.repository, probes, args.timeout).problems
         if not problems:
@@ -181,7 +238,8 @@ def supervise(command: list[str], args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``triton_supervisor.py [options] -- tritonserver ...``"""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--url", help="tritonserver's own HTTP URL [default: from the server "
+                        "command's --http-address and --http-port]")
     parser.add_argument("--repository", type=Path, default=Path("/models"))
     parser.add_argument("--probes", type=Path, help="JSON: model name -> KServe v2 JSON request")
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between checks")
@@ -215,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the server command after --")
+    args.url = args.url or f"http://{server_http(command)}"
     return supervise(command, args)
 
 

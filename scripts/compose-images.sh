@@ -5,6 +5,8 @@
 #
 #   debian-base   Debian root filesystem (docker/debian-rootfs.sh, the host's apt source), imported
 #   prometheus    Debian's prometheus package on its own root filesystem, imported
+#   front-cpu     Debian's haproxy package (2.6, built with Lua) on its own root filesystem,
+#                 imported: the front of docker-compose.cpu.yml and of a pod on the CPU image
 #   triton-cpu    docker/triton-cpu.Dockerfile, target serve (no torch)
 #   builder-cpu   docker/triton-cpu.Dockerfile, target builder (CPU torch)
 #
@@ -32,6 +34,15 @@ PROM_PACKAGES="prometheus,ca-certificates"
 # Debian's prometheus keeps its data in /var/lib/prometheus/metrics2, owned by user prometheus.
 # /prometheus: the TSDB path compose gives (--storage.tsdb.path), as in the prom/prometheus image.
 PROM_SETUP='mkdir -p /var/lib/prometheus/metrics2 /prometheus && chown -R prometheus:prometheus /var/lib/prometheus /prometheus'
+# The front runs the haproxy.cfg `tools build-repo` wrote into the repository (compose and the pod
+# give the command); docker/front.sh, compose's entry point of it, needs a shell and /proc alone.
+FRONT_PACKAGES="haproxy"
+FRONT_SETUP=""
+# As the official image: a user of its own, SIGUSR1 stops it gracefully (HAProxy stops listening
+# and finishes what runs; SIGTERM would drop every connection at once).
+FRONT_CHANGES=('USER haproxy' 'STOPSIGNAL SIGUSR1' 'EXPOSE 8000' 'EXPOSE 8001'
+  'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+  'CMD ["haproxy", "-W", "-db", "-f", "/etc/haproxy/haproxy.cfg"]')
 
 # Hash of strings and of the contents of files/folders (sorted; caches and results left out).
 input_hash() {
@@ -99,36 +110,24 @@ build_target() {  # build_target TARGET IMAGE
     --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$2" . >/dev/null
 }
 
-# The HTTP guard's native front for the serving image, which has no compiler: statically linked
-# here, from the source in tools/ (part of SERVE_HASH), with tools/native_build.py's flags. Where
-# this host has no compiler the folder stays empty and the image's guard serves in Python alone.
-build_front() {
-  rm -rf "$IMAGES/front" && mkdir -p "$IMAGES/front"
-  if PYTHONPATH="$TF_ROOT" python3 -m tools.native_build tools/serve/http_front.c --static \
-      --output "$IMAGES/front/http_front"; then
-    tf_log "compiled the HTTP guard's native front for the image (build/images/front/http_front, static)"
-  else
-    tf_log "no native front in the image (see above): its HTTP guard serves in Python alone"
-  fi
-}
-
 BUILT=()
-FRONT_BUILT="front:$(command -v cc >/dev/null || command -v gcc >/dev/null && echo compiled || echo none)"
 BASE_IMAGE="triton-forge/debian-base:$(input_hash docker/debian-rootfs.sh "$SUITE" "$BASE_PACKAGES" "$BASE_SETUP")"
 PROMETHEUS_IMAGE="triton-forge/prometheus-cpu:$(input_hash docker/debian-rootfs.sh "$SUITE" "$PROM_PACKAGES" "$PROM_SETUP")"
+FRONT_CPU_IMAGE="triton-forge/front-cpu:$(input_hash docker/debian-rootfs.sh "$SUITE" "$FRONT_PACKAGES" "$FRONT_SETUP" \
+  "${FRONT_CHANGES[*]}")"
 # The resolved locks, not only their inputs: a tag names the exact wheels inside.
 deps=(pyproject.toml scripts/constraints-cpu.txt docker/requirements-cpu.lock)
 builder_deps=(docker/requirements-builder-cpu.lock)
 WHEELS_HASH="$(input_hash "$BASE_IMAGE" "${TORCH_INDEX_URL:-}" "${deps[@]}" "${builder_deps[@]}")"
-SERVE_HASH="$(input_hash "$BASE_IMAGE" "$FRONT_BUILT" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
+SERVE_HASH="$(input_hash "$BASE_IMAGE" docker/triton-cpu.Dockerfile docker/tritonserver-cpu.sh \
   docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
   docker/healthcheck_probes.json docker/verify_repository.py "${deps[@]}" tools)"
 TRITON_CPU_IMAGE="triton-forge/triton-cpu:$SERVE_HASH"
 BUILDER_CPU_IMAGE="triton-forge/builder-cpu:$(input_hash "$SERVE_HASH" "${builder_deps[@]}" backends loadtests \
   README.md repository.yaml)"
 if [ "${1:-}" = --print-tags ]; then  # the tags these inputs give; nothing is built
-  printf 'TRITON_CPU_IMAGE=%s\nBUILDER_CPU_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' \
-    "$TRITON_CPU_IMAGE" "$BUILDER_CPU_IMAGE" "$PROMETHEUS_IMAGE"
+  printf 'TRITON_CPU_IMAGE=%s\nBUILDER_CPU_IMAGE=%s\nPROMETHEUS_IMAGE=%s\nFRONT_CPU_IMAGE=%s\n' \
+    "$TRITON_CPU_IMAGE" "$BUILDER_CPU_IMAGE" "$PROMETHEUS_IMAGE" "$FRONT_CPU_IMAGE"
   exit 0
 fi
 
@@ -136,12 +135,13 @@ tf_image_exists "$BASE_IMAGE" || timed "$BASE_IMAGE" rootfs_image "$BASE_IMAGE" 
 tf_image_exists "$PROMETHEUS_IMAGE" || timed "$PROMETHEUS_IMAGE" rootfs_image "$PROMETHEUS_IMAGE" \
   "$PROM_PACKAGES" "$PROM_SETUP" 'USER prometheus' 'WORKDIR /var/lib/prometheus' 'EXPOSE 9090' \
   'ENTRYPOINT ["/usr/bin/prometheus"]' 'CMD ["--config.file=/etc/prometheus/prometheus.yml"]'
+tf_image_exists "$FRONT_CPU_IMAGE" || timed "$FRONT_CPU_IMAGE" rootfs_image "$FRONT_CPU_IMAGE" \
+  "$FRONT_PACKAGES" "$FRONT_SETUP" "${FRONT_CHANGES[@]}"
 if ! tf_image_exists "$TRITON_CPU_IMAGE" || ! tf_image_exists "$BUILDER_CPU_IMAGE"; then
   if [ "$(cat "$WHEELHOUSE/.inputs" 2>/dev/null)" != "$WHEELS_HASH" ]; then
     timed wheelhouse fill_wheelhouse
     echo "$WHEELS_HASH" >"$WHEELHOUSE/.inputs"
   fi
-  build_front
   tf_image_exists "$TRITON_CPU_IMAGE" || timed "$TRITON_CPU_IMAGE" build_target serve "$TRITON_CPU_IMAGE"
   tf_image_exists "$BUILDER_CPU_IMAGE" || timed "$BUILDER_CPU_IMAGE" build_target builder "$BUILDER_CPU_IMAGE"
 fi
@@ -150,9 +150,10 @@ cat >"$IMAGES/tags.env" <<ENV
 TRITON_CPU_IMAGE=$TRITON_CPU_IMAGE
 BUILDER_CPU_IMAGE=$BUILDER_CPU_IMAGE
 PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE
+FRONT_CPU_IMAGE=$FRONT_CPU_IMAGE
 ENV
 for line in "${BUILT[@]}"; do tf_log "built ${line% *} in ${line##* } s"; done
-for image in "$BASE_IMAGE" "$PROMETHEUS_IMAGE" "$TRITON_CPU_IMAGE" "$BUILDER_CPU_IMAGE"; do
+for image in "$BASE_IMAGE" "$PROMETHEUS_IMAGE" "$FRONT_CPU_IMAGE" "$TRITON_CPU_IMAGE" "$BUILDER_CPU_IMAGE"; do
   size="$("$ENGINE" image inspect --format '{{.Size}}' "$image")"
   tf_log "image $image: $((size / 1000000)) MB"
 done

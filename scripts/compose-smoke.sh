@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Run docker-compose.yml for real on this host, on the CPU images (docker-compose.cpu.yml).
 #
-#   scripts/compose-smoke.sh up     build missing images, run the builder, start triton and
-#                                   prometheus on 127.0.0.1 (8000/8001/8002/8003, 9090), wait until
-#                                   healthy, print the endpoints, leave the stack running
+#   scripts/compose-smoke.sh up     build missing images, run the builder, start triton, the front
+#                                   and prometheus on 127.0.0.1 (8000/8001 the front, 8002/8003,
+#                                   9090), wait until healthy, print the endpoints, leave it running
 #   scripts/compose-smoke.sh down   remove every container, volume and network of the project
-#   scripts/compose-smoke.sh        up, probe (HTTP + gRPC inference, Prometheus scrape), the
-#                                   Locust SLO gate (cpu profile), down - whatever fails
+#   scripts/compose-smoke.sh        up, probe (HTTP + gRPC inference through the front, its body
+#                                   bound, Prometheus scrape), a killed stub, the Locust SLO gate
+#                                   (cpu profile), an admission refusal under a burst, down -
+#                                   whatever fails
 #
 # Needs TRITON_ADMIN_KEY, the project's .venv (scripts/setup.sh) for the host-side probes, and
 # Docker Engine + Compose v2 or Podman + podman-compose (scripts/compose-lib.sh picks; ENGINE=
 # forces one). Every wait is bounded: HEALTH_TIMEOUT (s, default 600), BUILD_REPO_TIMEOUT (900),
 # LOAD_TIMEOUT (900). SKIP_BUILD_REPO=1 serves the repository an earlier builder run left in
-# build/model_repositories/cpu. LOAD_DURATION=S shortens each measured load run.
+# build/model_repositories/cpu. LOAD_DURATION=S shortens each measured load run; BURST_CLIENTS
+# (96) and BURST_SECONDS (10) size the burst that must draw an admission refusal.
 set -euo pipefail
 source "$(dirname "$0")/compose-lib.sh"
 cd "$TF_ROOT"
@@ -20,6 +23,8 @@ cd "$TF_ROOT"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-600}"
 BUILD_REPO_TIMEOUT="${BUILD_REPO_TIMEOUT:-900}"
 LOAD_TIMEOUT="${LOAD_TIMEOUT:-900}"
+BURST_CLIENTS="${BURST_CLIENTS:-96}"
+BURST_SECONDS="${BURST_SECONDS:-10}"
 PORTS=(8000 8001 8002 8003 9090)
 TARGET="${BUILD_TARGET:-cpu}"
 # The SLO rules Prometheus loads (docker/prometheus/rules-<profile>.yml): this stack's profile.
@@ -83,9 +88,9 @@ stop_health_ticker() {
   fi
 }
 
-wait_healthy() {
-  local id="$1" deadline=$((SECONDS + HEALTH_TIMEOUT)) status state
-  tf_log "waiting up to ${HEALTH_TIMEOUT} s for triton to be healthy (every model ready, text_embedding answering)"
+wait_healthy() {  # wait_healthy CONTAINER-ID SERVICE WHAT
+  local id="$1" service="$2" deadline=$((SECONDS + HEALTH_TIMEOUT)) status state
+  tf_log "waiting up to ${HEALTH_TIMEOUT} s for $service to be healthy ($3)"
   while :; do
     [ "$ENGINE" = podman ] && timeout 30 podman healthcheck run "$id" >/dev/null 2>&1 || true
     status="$(health_status "$id")"
@@ -93,11 +98,11 @@ wait_healthy() {
     state="$("$ENGINE" inspect --format '{{.State.Status}}' "$id" 2>/dev/null || echo gone)"
     if [ $SECONDS -ge $deadline ] || [ "$state" = gone ]; then
       "$ENGINE" logs --tail 40 "$id" >&2 2>&1 || true
-      tf_die "triton is not healthy after ${HEALTH_TIMEOUT} s (state $state, health '${status:-none}'); its log is above"
+      tf_die "$service is not healthy after ${HEALTH_TIMEOUT} s (state $state, health '${status:-none}'); its log is above"
     fi
     sleep 5
   done
-  tf_log "triton healthy after $(elapsed)"
+  tf_log "$service healthy after $(elapsed)"
 }
 
 wait_prometheus() {
@@ -153,17 +158,20 @@ up() {
       || tf_die "the builder failed (tools build-repo); its output is above"
   fi
   check_repository
-  tf_log "starting triton and prometheus ($(elapsed))"
-  TF_ENGINE_TIMEOUT=300 tf_compose up -d --no-deps triton prometheus >&2
-  local id; id="$(tf_service_ids triton | head -1)"
+  tf_log "starting triton, the front and prometheus ($(elapsed))"
+  TF_ENGINE_TIMEOUT=300 tf_compose up -d --no-deps triton front prometheus >&2
+  local id front; id="$(tf_service_ids triton | head -1)"; front="$(tf_service_ids front | head -1)"
   [ -n "$id" ] || tf_die "compose started no triton container"
+  [ -n "$front" ] || tf_die "compose started no front container"
   start_health_ticker "$id"
-  wait_healthy "$id"
+  wait_healthy "$id" triton "every model ready, text_embedding answering"
+  # The front's own healthcheck: tritonserver's readiness through HAProxy.
+  wait_healthy "$front" front "tritonserver ready through HAProxy"
   wait_prometheus
   cat <<INFO
 triton-forge stack up on $ENGINE in $(elapsed):
-  Triton HTTP     http://127.0.0.1:8000   (tools infer text_embedding --text "a cat on a mat")
-  Triton gRPC     127.0.0.1:8001          (tools infer text_embedding --text hi --protocol grpc)
+  HTTP (front)    http://127.0.0.1:8000   (tools infer text_embedding --text "a cat on a mat")
+  gRPC (front)    127.0.0.1:8001          (tools infer text_embedding --text hi --protocol grpc)
   Triton metrics  http://127.0.0.1:8002/metrics
   Prometheus      http://127.0.0.1:9090
   stop it with    $0 down
@@ -203,16 +211,16 @@ probe() {
     fi
     tf_log "inference over $protocol from the host: ok"
   done
-  # compose's --http-max-input-size: the CPU image's HTTP guard (docker/tritonserver-cpu.sh)
-  # refuses a body over 16 MiB before reading it, and the server keeps answering
+  # The front (HAProxy, the repository's haproxy.cfg) refuses a body over 16 MiB before reading
+  # it, and the server keeps answering
   local code
   code="$(curl -sS -o /dev/null -w '%{http_code}' --max-time 10 -X POST \
       -H 'Content-Type: application/json' -H 'Content-Length: 80000000' -H 'Expect:' \
       http://127.0.0.1:8000/v2/models/text_embedding/infer 2>/dev/null || true)"
-  [ "$code" = 413 ] || tf_die "an 80 MB body got HTTP ${code:-no answer}, not 413 from the HTTP guard"
+  [ "$code" = 413 ] || tf_die "an 80 MB body got HTTP ${code:-no answer}, not 413 from the front"
   timeout 60 "$tools" infer text_embedding --text "after the oversized body" --json >/dev/null \
     || tf_die "text_embedding failed after the oversized body"
-  tf_log "an 80 MB body: HTTP 413 from the guard, unread; the server answers on"
+  tf_log "an 80 MB body: HTTP 413 from the front, unread; the server answers on"
   # Prometheus has scraped the requests just sent.
   local deadline=$((SECONDS + 60))
   until curl -fsS --max-time 5 'http://127.0.0.1:9090/api/v1/query?query=sum(nv_inference_request_success%7Bjob%3D%22triton-forge%22%7D)' 2>/dev/null \
@@ -265,6 +273,91 @@ load_gate() {
   tf_log "SLO gate passed ($(elapsed))"
 }
 
+admission_refusal() {
+  # Real overload through the front: the supervisor in the triton container runs the admission
+  # controller, which learns text_embedding's throughput from the front's log and sets its cap;
+  # a burst of more closed-loop clients than that cap must draw HTTP 503 with Retry-After from
+  # the front, its JSON naming the latency target. Nothing touches the cap but the controller.
+  # Each text fills the encoder's 256 tokens, so the burst is more than a CPU answers within the
+  # 600 ms objective (short texts: 96 clients at ~360 req/s were within it, and rightly admitted).
+  local id caps
+  id="$(tf_service_ids triton | head -1)"
+  # (grep reads the whole log: with -q it stops early, and pipefail sees the writer's SIGPIPE)
+  tf_engine logs "$id" 2>&1 | grep "front admission on" >/dev/null \
+    || tf_die "the supervisor did not start the front's admission controller: $(tf_engine logs "$id" 2>&1 | grep -i 'front admission' | tail -2)"
+  tf_log "admission: 3 s warm-up of 8 clients, then $BURST_CLIENTS clients for $BURST_SECONDS s on text_embedding over HTTP (256-token texts)"
+  timeout $((BURST_SECONDS + 90)) .venv/bin/python - "$BURST_CLIENTS" "$BURST_SECONDS" <<'PY' >&2 \
+    || tf_die "no admission refusal (HTTP 503 + Retry-After, 'over its latency target') under the burst"
+import http.client, json, sys, threading, time
+from collections import Counter
+
+TEXT = " ".join(["a long text that fills the encoder's whole sequence of tokens"] * 40)
+BODY = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1],
+                               "data": [TEXT]}]})
+
+
+def run(clients, seconds):
+    """Closed-loop clients on keep-alive connections: status counts and the first refusal."""
+    statuses, refusals, lock = Counter(), [], threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def client():
+        conn = None
+        while time.monotonic() < stop:
+            try:
+                conn = conn or http.client.HTTPConnection("127.0.0.1", 8000, timeout=60)
+                conn.request("POST", "/v2/models/text_embedding/infer", BODY,
+                             {"Content-Type": "application/json"})
+                answer = conn.getresponse()
+                data, key = answer.read(), answer.status
+                if answer.status == 503:
+                    with lock:
+                        refusals.append((answer.getheader("Retry-After"), data.decode()))
+                if (answer.getheader("Connection") or "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except OSError as exc:
+                key, conn = type(exc).__name__, None
+            with lock:
+                statuses[key] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses, refusals
+
+
+clients, seconds = int(sys.argv[1]), float(sys.argv[2])
+warm, _ = run(8, 3)
+print(f"admission: warm-up, 8 clients x 3 s: {dict(warm)}")
+statuses, refusals = run(clients, seconds)
+print(f"admission: burst, {clients} clients x {seconds:g} s: {dict(statuses)}")
+good = [(after, text) for after, text in refusals
+        if after and "over its latency target" in json.loads(text or "{}").get("error", "")]
+if good:
+    after, text = good[0]
+    print(f"admission: {len(good)} refusals like: HTTP 503, Retry-After: {after}, {text}")
+else:
+    print(f"admission: no HTTP 503 with Retry-After naming the latency target; 503s seen: "
+          f"{refusals[:3]}")
+sys.exit(0 if good else 1)
+PY
+  # The caps the controller wrote, read back through the runtime API inside the namespace
+  caps="$(tf_engine exec "$id" python3 -c "import os, sys
+sys.path.insert(0, '/opt/triton-forge')
+from tools.front.controller import RuntimeApi
+from tools.front.haproxy_config import INITIAL_MAXCONN
+caps = RuntimeApi(os.environ['FORGE_FRONT_ADMIN']).maxconn()
+print(', '.join(f'{b} {c}' for b, c in sorted(caps.items()) if 'text_embedding' in b),
+      f'(the config starts each at {INITIAL_MAXCONN})')
+sys.exit(caps.get('h_text_embedding', INITIAL_MAXCONN) == INITIAL_MAXCONN)")" \
+    || tf_die "the controller did not move text_embedding's HTTP cap from the config's initial one: ${caps:-no answer from the runtime API}"
+  tf_log "admission: the front's caps now (maxconn): $caps"
+  tf_log "admission: refusals came from real overload, the cap from the controller ($(elapsed))"
+}
+
 case "$verb" in
   up)
     trap 'rc=$?; [ $rc -eq 0 ] || [ $STARTED = 0 ] || { tf_log "up failed: taking the stack down"; down; }; exit $rc' EXIT
@@ -279,5 +372,6 @@ case "$verb" in
     up
     probe
     stub_kill
-    load_gate ;;
+    load_gate
+    admission_refusal ;;
 esac

@@ -36,11 +36,12 @@ runtime = "runc"
 """
 
 
-def adapt(doc: dict[str, Any], *, name: str, secret: str, key: str, ports: list[int],
+def adapt(doc: dict[str, Any], *, name: str, secret: str, key: str, ports: dict[str, int],
           volumes: Path, spec: Path | None = None, drop_env: tuple[str, ...] = ()) -> dict[str, Any]:
     """A copy of the rendered Deployment that Podman 4.3 runs as the kubelet would.
 
-    Podman publishes every containerPort on 0.0.0.0 (so: hostPort on 127.0.0.1), mounts no
+    Podman publishes every containerPort on 0.0.0.0 (so: hostPort on 127.0.0.1, ``ports`` maps
+    each container port's name to it: the front's http and grpc, triton's metrics), mounts no
     ConfigMap ``subPath`` (so: the spec file by hostPath), turns emptyDirs into shared root-owned
     named volumes (so: fresh world-writable host folders, memory ones on the host's /dev/shm),
     restarts finished init containers under ``restartPolicy: Always`` (so: OnFailure), and does
@@ -51,9 +52,10 @@ def adapt(doc: dict[str, Any], *, name: str, secret: str, key: str, ports: list[
     doc["metadata"]["name"] = name
     pod = doc["spec"]["template"]["spec"]
     pod["restartPolicy"] = "OnFailure"
+    for container in pod["containers"]:
+        for port in container.get("ports", []):
+            port.update(hostIP="127.0.0.1", hostPort=ports[port["name"]])
     triton = pod["containers"][0]
-    for port, host_port in zip(triton["ports"], ports):
-        port.update(hostIP="127.0.0.1", hostPort=host_port)
     triton["env"] = [e for e in triton["env"] if e["name"] not in drop_env]
     for env in triton["env"]:
         if "valueFrom" in env:
@@ -93,7 +95,7 @@ class Pod:
     drop_env: tuple[str, ...] = ()
     name: str = field(default_factory=lambda: f"tf-k8s-test-{uuid.uuid4().hex[:8]}")
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
-    ports: list[int] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)  # container port name -> host port
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @property
@@ -102,14 +104,19 @@ class Pod:
         return f"{self.name}-pod-0-triton"
 
     @property
+    def front(self) -> str:
+        """The front container's name."""
+        return f"{self.name}-pod-0-front"
+
+    @property
     def secret(self) -> str:
         """The admin-key Secret's name in Podman."""
         return f"{self.name}-admin"
 
     @property
     def http(self) -> str:
-        """Triton's HTTP endpoint on the host."""
-        return f"http://127.0.0.1:{self.ports[0]}"
+        """The pod's HTTP endpoint (the front's) on the host."""
+        return f"http://127.0.0.1:{self.ports['http']}"
 
     def run(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
         """One podman command (with the machine's containers.conf)."""
@@ -125,7 +132,10 @@ class Pod:
         if "CONTAINERS_CONF" not in self.env:
             (self.workdir / "containers.conf").write_text(CONTAINERS_CONF)
             self.env["CONTAINERS_CONF"] = str(self.workdir / "containers.conf")
-        self.ports = free_ports(4)
+        names = [port["name"] for container in
+                 self.deployment["spec"]["template"]["spec"]["containers"]
+                 for port in container.get("ports", [])]
+        self.ports = dict(zip(names, free_ports(len(names))))
         adapted = adapt(self.deployment, name=self.name, secret=self.secret, key=self.key,
                         ports=self.ports, volumes=self.workdir / "volumes", spec=self.spec,
                         drop_env=self.drop_env)
@@ -155,11 +165,27 @@ class Pod:
         words = result.stdout.split()
         return result.returncode, words[-1] if words else ""
 
+    def front_ready(self) -> bool:
+        """The front container's rendered readiness probe (an httpGet through it), sent from
+        the host to its published port as the kubelet sends it to the pod's."""
+        import urllib.error
+        import urllib.request
+
+        containers = self.deployment["spec"]["template"]["spec"]["containers"]
+        probe = next(c for c in containers if c["name"] == "front")["readinessProbe"]["httpGet"]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[probe['port']]}"
+                                        f"{probe['path']}", timeout=5) as answer:
+                return 200 <= answer.status < 400
+        except (urllib.error.URLError, OSError):
+            return False
+
     def wait_ready(self, timeout: float = 900, period: float = 1.0) -> float:
-        """Seconds until the rendered readiness command first passes."""
+        """Seconds until the rendered readiness command and then the front's readiness probe
+        first pass (the pod is ready when every container is)."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
-            if self.probe("readinessProbe") == 0:
+            if self.probe("readinessProbe") == 0 and self.front_ready():
                 return time.monotonic() - started
             if self.restarts():
                 raise RuntimeError(f"{self.container} restarted before it was ready:\n"

@@ -89,6 +89,8 @@ def test_cpu_images_are_the_locally_built_ones(override):
     assert "triton-cpu" in services["triton"]["image"]
     assert services["triton"]["build"]["target"] == "serve"
     assert "prometheus-cpu" in services["prometheus"]["image"]
+    # Debian's haproxy in place of the official image; its command and entry point are the base's
+    assert services["front"] == {"image": "${FRONT_CPU_IMAGE:-triton-forge/front-cpu:local}"}
     assert services["grafana"]["profiles"] == ["grafana"]
 
 
@@ -98,6 +100,14 @@ def test_cpu_serve_stage_copies_what_the_ngc_serve_stage_copies():
     copies = lambda path: [i for i in _stage(path, "serve") if i.upper().startswith("COPY ")  # noqa: E731
                            and "requirements-" not in i]
     assert copies(CPU_DOCKERFILE) == copies(NGC_DOCKERFILE)
+
+
+def test_the_cpu_images_tags_name_the_front_image_too():
+    """scripts/compose-images.sh writes every *_IMAGE variable the override reads."""
+    script = (ROOT / "scripts" / "compose-images.sh").read_text(encoding="utf-8")
+    wanted = set(re.findall(r"\$\{(\w+_IMAGE):-", CPU_OVERRIDE.read_text(encoding="utf-8")))
+    written = set(re.findall(r"^(\w+_IMAGE)=\$\1$", script, re.MULTILINE))
+    assert "FRONT_CPU_IMAGE" in wanted and wanted - {"BASE_IMAGE"} <= written
 
 
 def test_cpu_serving_image_installs_no_torch():

@@ -40,6 +40,11 @@ def triton(compose) -> dict:
     return compose["services"]["triton"]
 
 
+@pytest.fixture(scope="module")
+def front(compose) -> dict:
+    return compose["services"]["front"]
+
+
 def _flag(command: list[str], name: str) -> list[str]:
     """Values of every ``--name=value`` in a command."""
     return [arg.split("=", 1)[1] for arg in command if arg.startswith(f"{name}=")]
@@ -112,8 +117,8 @@ CONFIGURATIONS = {
 }
 
 
-def _models_mount(service: dict) -> dict:
-    (mount,) = [v for v in service["volumes"] if v["target"] == "/models"]
+def _models_mount(service: dict, target: str = "/models") -> dict:
+    (mount,) = [v for v in service["volumes"] if v["target"] == target]
     return mount
 
 
@@ -341,14 +346,53 @@ def test_http_input_size_is_bounded_below_tritons_default(triton):
     assert 0 < int(size) < 64 << 20
 
 
-def test_triton_publishes_http_grpc_metrics_and_the_supervisors_status_ports(triton):
+def test_triton_publishes_the_fronts_ports_metrics_and_the_supervisors_status_port(triton):
     published = {p.rsplit(":", 1)[-1]: p for p in triton["ports"]}
 
     assert set(published) == {"8000", "8001", "8002", "8003"}
     assert triton["environment"]["FORGE_METRICS_PORT"] == "8003"
     assert all(p.startswith("${TRITON_BIND_IP:-127.0.0.1}:") for p in published.values())
-    assert [_flag(triton["command"], f"--{k}-port") for k in ("http", "grpc", "metrics")] == [
-        ["8000"], ["8001"], ["8002"]]
+    # 8000/8001 are the front's (it shares this namespace); tritonserver is on loopback alone
+    # behind it, its metrics on every interface for Prometheus
+    assert [_flag(triton["command"], f"--{k}") for k in (
+        "http-address", "http-port", "grpc-address", "grpc-port", "metrics-address",
+        "metrics-port")] == [["127.0.0.1"], ["18000"], ["127.0.0.1"], ["18001"], ["0.0.0.0"],
+                             ["8002"]]
+
+
+def test_the_front_shares_tritons_network_namespace_and_follows_its_restarts(front):
+    assert front["network_mode"] == "service:triton"
+    assert "ports" not in front and "networks" not in front  # the triton service publishes
+    # Compose restarts the front after its own restarts of triton; the engine's restarts of
+    # triton are caught by the entry point, which exits so the restart policy rejoins
+    assert front["depends_on"] == {"triton": {"condition": "service_started", "restart": True}}
+    assert front["restart"] == "unless-stopped"
+    assert front["entrypoint"] == ["/bin/sh", "/opt/triton-forge/docker/front.sh"]
+    script = _models_mount(front, front["entrypoint"][-1])
+    assert script["read_only"] and (ROOT / script["source"]).resolve() == (
+        ROOT / "docker" / "front.sh").resolve()
+    assert front["stop_signal"] == "SIGUSR1"  # graceful: stop listening, finish what runs
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS))
+def test_the_front_runs_the_haproxy_cfg_of_the_repository_triton_serves(name):
+    files, env, _ = CONFIGURATIONS[name]
+    services = _services(files, env)
+    front, triton = services["front"], services["triton"]
+    config = PurePosixPath(front["command"][front["command"].index("-f") + 1])
+
+    assert front["command"][:3] == ["haproxy", "-W", "-db"]
+    assert config.name == "haproxy.cfg"
+    assert _host_path(front, str(config.parent)) == PurePosixPath(_models_mount(triton)["source"])
+    assert _models_mount(front, str(config.parent))["read_only"] is True
+
+
+def test_the_fronts_healthcheck_asks_tritonservers_readiness_through_it(front):
+    test = front["healthcheck"]["test"]
+
+    assert test[:3] == ["CMD", "bash", "-c"]
+    assert "/dev/tcp/127.0.0.1/8000" in test[3] and "GET /v2/health/ready" in test[3]
+    assert "$$status" in test[3], "compose interpolates a single $"
 
 
 def test_triton_starts_only_after_the_builder_succeeded(triton):
@@ -431,7 +475,7 @@ def test_grafana_is_provisioned_with_the_prometheus_datasource_and_dashboard(com
         ROOT / "docker/grafana/provisioning").resolve()
 
 
-def test_loadtest_gates_on_the_gpu_slo_profile_once_triton_is_healthy(compose):
+def test_loadtest_gates_on_the_gpu_slo_profile_once_triton_and_the_front_are_healthy(compose):
     loadtest = compose["services"]["loadtest"]
     command = loadtest["command"]
 
@@ -439,8 +483,9 @@ def test_loadtest_gates_on_the_gpu_slo_profile_once_triton_is_healthy(compose):
     assert command[:2] == ["tools", "loadtest"]
     assert command[command.index("--slo-profile") + 1] == "gpu"
     assert command[command.index("--url") + 1] == "triton:8000"
-    assert command[command.index("--grpc-url") + 1] == "triton:8001"
+    assert command[command.index("--grpc-url") + 1] == "triton:8001"  # the front, in triton's namespace
     assert loadtest["depends_on"]["triton"] == {"condition": "service_healthy"}
+    assert loadtest["depends_on"]["front"] == {"condition": "service_healthy"}
 
 
 def test_locust_master_and_workers_run_only_in_the_load_profile(compose):
@@ -449,14 +494,15 @@ def test_locust_master_and_workers_run_only_in_the_load_profile(compose):
 
     assert master["profiles"] == worker["profiles"] == ["load"]
     assert master["depends_on"]["triton"] == {"condition": "service_healthy"}
+    assert master["depends_on"]["front"] == {"condition": "service_healthy"}
     # `run --rm locust-master` starts the workers too, and its exit status is the gate's.
     assert master["depends_on"]["locust-worker"] == {"condition": "service_started"}
     assert "--master" in master["command"] and "--worker" in worker["command"]
     assert master["command"][master["command"].index("--host") + 1] == "triton:8000"
     assert master["command"][master["command"].index("--slo-profile") + 1] == "gpu"
     assert worker["command"][worker["command"].index("--master-host") + 1] == "locust-master"
-    assert all("profiles" not in services[s] for s in ("triton", "builder", "prometheus",
-                                                        "grafana"))
+    assert all("profiles" not in services[s] for s in ("triton", "front", "builder",
+                                                        "prometheus", "grafana"))
 
 
 def test_locust_files_and_slo_profile_the_services_use_exist(compose):
@@ -472,7 +518,7 @@ def test_locust_files_and_slo_profile_the_services_use_exist(compose):
 
 # ------------------------------------------------------------------ hardening (issue 23 item 5)
 
-LONG_RUNNING = ("triton", "prometheus", "grafana", "locust-worker")
+LONG_RUNNING = ("triton", "front", "prometheus", "grafana", "locust-worker")
 
 
 def test_every_long_running_service_restarts(compose):
@@ -480,7 +526,7 @@ def test_every_long_running_service_restarts(compose):
         assert compose["services"][name].get("restart") in ("unless-stopped", "on-failure", "always"), name
 
 
-@pytest.mark.parametrize("name", ["triton", "prometheus", "grafana", "builder"])
+@pytest.mark.parametrize("name", ["triton", "front", "prometheus", "grafana", "builder"])
 def test_services_drop_every_capability_and_run_read_only(compose, name):
     service = compose["services"][name]
     assert service["cap_drop"] == ["ALL"]
@@ -494,6 +540,12 @@ def test_triton_runs_as_a_user_and_writes_only_tmp_and_dev_shm(triton):
     assert _bytes(triton["shm_size"]) > 0
     writable = [v for v in triton["volumes"] if not v.get("read_only")]
     assert writable == []  # the repository is read-only; /tmp and /dev/shm are tmpfs
+
+
+def test_the_front_runs_as_a_user_and_writes_nothing_but_tmp(front):
+    assert front["user"] == "1000:1000"
+    assert front["tmpfs"] == ["/tmp"]
+    assert [v for v in front["volumes"] if not v.get("read_only")] == []
 
 
 def test_prometheus_writes_only_its_tsdb_volume(compose):

@@ -1,19 +1,23 @@
 """The triton service's entry point: TensorRT guard first, then tritonserver under a watchdog.
 
 The entry point script and the watchdog run here as they would in the container; the watchdog
-test supervises a real tritonserver and kills one of its Python stubs.
+test supervises a real tritonserver and kills one of its Python stubs. The watchdog also runs the
+front's admission controller: a real HAProxy on a rendered config sends it its log, and the caps
+it writes are read back through HAProxy's runtime API.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -283,12 +287,164 @@ def test_supervisor_reloads_only_the_model_whose_stub_died_and_keeps_serving(toy
     assert code == 1 and "Exit timeout expired" in text, text[-2000:]
 
 
-def test_status_endpoint_binds_where_triton_serves_its_metrics():
+def _supervisor_module():
     spec = importlib.util.spec_from_file_location("triton_supervisor", SUPERVISOR)
     supervisor = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(supervisor)
+    return supervisor
+
+
+def test_status_endpoint_binds_where_triton_serves_its_metrics():
+    supervisor = _supervisor_module()
 
     assert supervisor.metrics_address(["tritonserver", "--metrics-port=8002"]) == "0.0.0.0"
     assert supervisor.metrics_address(["tritonserver", "--http-address=10.1.2.3"]) == "10.1.2.3"
     assert supervisor.metrics_address(["tritonserver", "--http-address", "10.1.2.3",
                                        "--metrics-address=127.0.0.1"]) == "127.0.0.1"
+
+
+def test_the_supervisor_reads_tritonservers_own_http_port_from_its_command():
+    """The health checks and the admission controller ask tritonserver itself, not the front."""
+    supervisor = _supervisor_module()
+
+    assert supervisor.server_http(["tritonserver", "--http-address=127.0.0.1",
+                                   "--http-port=18000"]) == "127.0.0.1:18000"
+    assert supervisor.server_http(["tritonserver", "--http-port", "9000"]) == "127.0.0.1:9000"
+    assert supervisor.server_http(["tritonserver"]) == "127.0.0.1:8000"  # Triton's defaults
+
+
+def test_without_the_fronts_variables_the_supervisor_runs_no_controller(monkeypatch):
+    supervisor = _supervisor_module()
+    monkeypatch.delenv("FORGE_FRONT_ADMIN", raising=False)
+    monkeypatch.setenv("FORGE_FRONT_LOG", "127.0.0.1:9")
+
+    assert supervisor.start_admission(["tritonserver", "--http-port=18000"]) is None
+
+
+# A stand-in for tritonserver's HTTP endpoint: the model-config API the controller reads the
+# objective from, and an inference that takes INFER_S (near the objective, so the model is
+# congested and its cap is target x throughput).
+FAKE_TRITON = """
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port = int(next(a for a in sys.argv if a.startswith("--http-port=")).split("=")[1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/v2/models/toy/config":
+            self._answer(200, {"name": "toy", "parameters": {
+                "admission_p99_ms": {"string_value": "100"}}})
+        else:
+            self._answer(404, {"error": "not found"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        time.sleep(0.06)
+        self._answer(200, {"model_name": "toy", "outputs": []})
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_the_supervisor_runs_the_fronts_admission_controller_which_sets_caps_in_haproxy(tmp_path):
+    """As compose and the pod run it: FORGE_FRONT_ADMIN and FORGE_FRONT_LOG set, HAProxy on the
+    repository's rendered config in front of "tritonserver" (a stand-in on the port the command
+    names). Load through HAProxy moves the model's cap, which only the controller writes."""
+    from tools.front import admission, haproxy_config
+    from tools.front.controller import RuntimeApi
+    from tools.front.plan import FrontPlan
+    from tools.front.process import find_haproxy
+
+    haproxy = find_haproxy()
+    if haproxy is None:
+        pytest.skip("haproxy is not installed (apt-get install haproxy)")
+    http, grpc, triton_http, triton_grpc, admin, log = free_ports(6)
+    env = os.environ | {
+        "FORGE_FRONT_HTTP": f"127.0.0.1:{http}", "FORGE_FRONT_GRPC": f"127.0.0.1:{grpc}",
+        "FORGE_TRITON_HTTP": f"127.0.0.1:{triton_http}",
+        "FORGE_TRITON_GRPC": f"127.0.0.1:{triton_grpc}",
+        "FORGE_FRONT_ADMIN": f"ipv4@127.0.0.1:{admin}", "FORGE_FRONT_LOG": f"127.0.0.1:{log}"}
+    haproxy_config.write(FrontPlan({"toy": 100.0}, ("toy",)), tmp_path)
+    (tmp_path / "fake_triton.py").write_text(FAKE_TRITON)
+    (tmp_path / "repository").mkdir()
+    front_log, supervisor_log = tmp_path / "haproxy.log", tmp_path / "supervisor.log"
+    with front_log.open("w") as out:
+        front = subprocess.Popen([str(haproxy), "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                                 stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+    with supervisor_log.open("w") as out:
+        supervisor = subprocess.Popen(
+            [sys.executable, str(SUPERVISOR), "--repository", str(tmp_path / "repository"),
+             "--interval", "0.5", "--start-timeout", "120", "--stop-timeout", "5", "--",
+             sys.executable, str(tmp_path / "fake_triton.py"), "--http-address=127.0.0.1",
+             f"--http-port={triton_http}"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    runtime = RuntimeApi(f"ipv4@127.0.0.1:{admin}")
+    statuses: list[int] = []
+    try:
+        def started() -> bool:
+            assert supervisor.poll() is None, supervisor_log.read_text()
+            assert front.poll() is None, front_log.read_text()
+            return "front admission on" in supervisor_log.read_text() and _accepts(triton_http)
+
+        wait_until(started, 30, lambda: "the supervisor's controller and the stand-in; log: "
+                   + supervisor_log.read_text()[-2000:])
+        initial = runtime.maxconn()["h_toy"]
+        started_at = time.monotonic()
+        stop = started_at + 3
+
+        def client() -> None:
+            while time.monotonic() < stop:
+                statuses.append(_infer(http, "toy", {"inputs": []}))
+
+        clients = [threading.Thread(target=client) for _ in range(16)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+        throughput = statuses.count(200) / (time.monotonic() - started_at)
+        wait_until(lambda: runtime.maxconn()["h_toy"] != initial, 10,
+                   lambda: f"the controller to move h_toy's cap from {initial}; supervisor log: "
+                   + supervisor_log.read_text()[-2000:])
+        cap = runtime.maxconn()["h_toy"]
+        supervisor.send_signal(signal.SIGTERM)
+        code = supervisor.wait(timeout=30)
+    finally:
+        process.stop(supervisor, grace_s=5)
+        process.stop(front, grace_s=5)
+
+    text = supervisor_log.read_text()
+    assert initial == haproxy_config.INITIAL_MAXCONN
+    assert statuses and set(statuses) <= {200, 503}, statuses
+    # Little's law: the cap is a latency target (at most the 100 ms objective) times the best
+    # recent throughput, which the client-side average does not exceed by more than 2x here
+    assert admission.MIN_IN_FLIGHT <= cap <= max(admission.MIN_IN_FLIGHT,
+                                                 math.ceil(2 * 0.100 * throughput)), (cap, throughput)
+    assert cap < initial
+    assert (f"front admission on: per-request log from 127.0.0.1:{log}, caps written to the "
+            f"runtime API at ipv4@127.0.0.1:{admin}, objectives from tritonserver at "
+            f"127.0.0.1:{triton_http}") in text
+    assert code == 128 + signal.SIGTERM  # the stand-in's own exit, forwarded
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -78,9 +78,10 @@ def compose_triton(toy_repository, tmp_path_factory) -> ComposeTriton:
                for a in compose["services"]["triton"]["command"]]
     assert command[0] == "tritonserver"
     config = TritonServerConfig.from_args(command[1:])
-    # Mutation guard: these are the values the test replaces with its own.
+    # Mutation guard: these are the values the test replaces with its own (tritonserver's own
+    # loopback ports behind the front, and the metrics port).
     assert (config.model_repository, config.http_port, config.grpc_port,
-            config.metrics_port) == ("/models", 8000, 8001, 8002)
+            config.metrics_port) == ("/models", 18000, 18001, 8002)
     binary = resolve_binary()
     options = binary_options(binary)
     http, grpc, metrics = free_ports(3)
@@ -88,7 +89,7 @@ def compose_triton(toy_repository, tmp_path_factory) -> ComposeTriton:
     config = dataclasses.replace(
         config, model_repository=str(toy_repository),
         backend_directory=str(embedded.backend_directory()),
-        # Loopback only here; in the container Triton listens on all interfaces of its network.
+        # Loopback, as in the container (the front holds the public ports there).
         http_address=LOOPBACK, http_port=http, grpc_address=LOOPBACK, grpc_port=grpc,
         metrics_address=LOOPBACK, metrics_port=metrics,
         # A killed stub makes shutdown wait the whole exit timeout; keep the test short.
@@ -137,7 +138,7 @@ TEXT_PROBE = {"toy_text": {"inputs": [
 def test_real_tritonserver_accepts_the_compose_flags(compose_triton):
     assert {a.split("=", 1)[0] for a in compose_triton.skipped} <= NEWER_THAN_EMBEDDED
     # Mutation guard: the swap table above must have matched the compose command.
-    assert not any(a.endswith(("=/models", "=8000", "=8001", "=8002")) for a in
+    assert not any(a.endswith(("=/models", "=18000", "=18001", "=8002")) for a in
                    compose_triton.args)
     for model in ("toy_double", "toy_text", "toy_classify"):
         assert _http(f"{compose_triton.url}/v2/models/{model}/ready")[0] == 200

@@ -6,6 +6,7 @@ tests/test_deploy_podman.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ _PICK_ENGINE = artifact.pick_engine  # before the fixture below replaces it
 
 
 def make_repository(root: Path, target: str = "cpu") -> Path:
-    """A two-model repository with a real manifest (the builder's own artifacts_of)."""
+    """A two-model repository with a real manifest (the builder's own artifacts_of) and the
+    front's two files beside the models, as tools build-repo writes them."""
     repo = root / "repo"
     files = {"encoder": {"config.pbtxt": "name: 'encoder'", "1/model.onnx": "weights" * 100},
              "tokenizer": {"config.pbtxt": "name: 'tokenizer'", "1/model.py": "print()",
@@ -42,6 +44,8 @@ def make_repository(root: Path, target: str = "cpu") -> Path:
         manifest.models[model] = ModelEntry(kind="python", target=target,
                                             artifacts=artifacts_of(repo / model))
     (repo / "build_manifest.json").write_text(manifest.to_text())
+    (repo / "haproxy.cfg").write_text("global\n    lua-load front.lua\n")
+    (repo / "front.lua").write_text("-- the front's rules\n")
     return repo
 
 
@@ -149,12 +153,14 @@ def test_package_stages_exactly_the_manifest_files_and_tags_by_the_manifest_hash
     (context,) = engine.contexts
     staged = sorted(k for k in context if k.startswith("repository/"))
     assert staged == ["repository/build_manifest.json", "repository/encoder/1/model.onnx",
-                      "repository/encoder/config.pbtxt", "repository/pipeline/config.pbtxt",
+                      "repository/encoder/config.pbtxt", "repository/front.lua",
+                      "repository/haproxy.cfg", "repository/pipeline/config.pbtxt",
                       "repository/tokenizer/1/model.py",
                       "repository/tokenizer/1/tokenizer.json", "repository/tokenizer/config.pbtxt"]
     containerfile = context["Containerfile"]
     assert "FROM copier:1 AS copier\nFROM scratch\n" in containerfile
     assert f'LABEL org.triton-forge.manifest.sha256="{manifest_sha}"' in containerfile
+    assert f'LABEL {artifact.FRONT_LABEL}="{artifact.front_key(repo)}"' in containerfile
     build = next(c for c in engine.commands if c[1] == "build")
     assert build[build.index("-t") + 1] == f"registry.example/tf/models:{record.tag}"
     assert "--timestamp" in build  # reproducible layers
@@ -163,7 +169,8 @@ def test_package_stages_exactly_the_manifest_files_and_tags_by_the_manifest_hash
 
 def test_package_reuses_an_image_with_the_same_tag_and_push_records_the_registrys_digest(tmp_path):
     repo = make_repository(tmp_path)
-    engine = Engine(labels={artifact.PACKAGING_LABEL: artifact.packaging_key("copier:1")})
+    engine = Engine(labels={artifact.PACKAGING_LABEL: artifact.packaging_key("copier:1"),
+                            artifact.FRONT_LABEL: artifact.front_key(repo)})
     record = package(repo, "registry.example/tf/models", "copier:1", engine="podman", push=True,
                      run=engine)
     assert record.reused and record.pushed and record.digest == "sha256:" + "d" * 64
@@ -174,7 +181,9 @@ def test_package_reuses_an_image_with_the_same_tag_and_push_records_the_registry
     {},  # packaged before the label existed
     {artifact.PACKAGING_LABEL: artifact.packaging_key("copier:1", code=b"older packaging code")},
     {artifact.PACKAGING_LABEL: artifact.packaging_key("copier:0")},  # another copier image
-], ids=["no-label", "other-code", "other-copier"])
+    {artifact.PACKAGING_LABEL: artifact.packaging_key("copier:1"),
+     artifact.FRONT_LABEL: "an older haproxy.cfg"},  # the same models, another front config
+], ids=["no-label", "other-code", "other-copier", "other-front"])
 def test_an_image_with_the_tag_but_packaged_otherwise_is_rebuilt_not_reused(tmp_path, labels):
     repo = make_repository(tmp_path)
     engine = Engine(labels=labels)
@@ -183,7 +192,8 @@ def test_an_image_with_the_tag_but_packaged_otherwise_is_rebuilt_not_reused(tmp_
     (context,) = engine.contexts
     key = artifact.packaging_key("copier:1")
     assert f'LABEL {artifact.PACKAGING_LABEL}="{key}"' in context["Containerfile"]
-    assert labels.get(artifact.PACKAGING_LABEL) != key
+    wanted = {artifact.PACKAGING_LABEL: key, artifact.FRONT_LABEL: artifact.front_key(repo)}
+    assert {k: labels.get(k) for k in wanted} != wanted  # each case is a mismatch indeed
 
 
 def test_the_packaging_key_follows_the_packaging_code_and_the_copier():
@@ -193,6 +203,16 @@ def test_the_packaging_key_follows_the_packaging_code_and_the_copier():
     assert key != artifact.packaging_key("copier:1", code=source + b"\n# layout 2\n")
     assert key != artifact.packaging_key("copier:2")
     assert len(key) == artifact.TAG_HEX
+
+
+@pytest.mark.parametrize("name", ["haproxy.cfg", "front.lua"])
+def test_package_refuses_a_repository_without_the_fronts_files_naming_the_file(tmp_path, name):
+    repo = make_repository(tmp_path)
+    (repo / name).unlink()
+    engine = Engine()
+    with pytest.raises(UserInputError, match=rf"no {re.escape(name)} \(the front's config.*rebuild it with tools build-repo"):
+        package(repo, "tf/models", "copier:1", engine="podman", run=engine)
+    assert engine.commands == []
 
 
 def test_package_refuses_a_repository_that_does_not_match_its_manifest(tmp_path):

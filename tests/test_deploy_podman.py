@@ -2,7 +2,9 @@
 
 - The artifact render starts with no build step: the fetch init container copies the packaged
   repository, the verify init container checks it against build_manifest.json, the pod gets
-  ready, serves both pipelines and keeps the admin APIs closed without the Secret's key.
+  ready, serves both pipelines through its front (HAProxy on the haproxy.cfg the artifact holds,
+  the supervisor running its admission controller) and keeps the admin APIs closed without the
+  Secret's key.
 - Overload for longer than the liveness window: the rendered liveness and readiness commands,
   run at their periods as a kubelet would, never reach their failure thresholds (busy is not
   dead), and the container is never restarted.
@@ -45,11 +47,13 @@ OVERLOAD_S = 45  # longer than the liveness window: periodSeconds 10 x failureTh
 OVERLOAD_CLIENTS = 200  # text_tokenizer's queue holds 64 requests: most wait or are refused
 
 
-def _images() -> tuple[str, str] | None:
+def _images() -> tuple[str, str, str] | None:
+    """The serving, builder and front images scripts/compose-images.sh built, if all are here."""
     if PODMAN is None or not TAGS.is_file():
         return None
     tags = dict(line.split("=", 1) for line in TAGS.read_text().split() if "=" in line)
-    images = tuple(f"localhost/{tags.get(k, '')}" for k in ("TRITON_CPU_IMAGE", "BUILDER_CPU_IMAGE"))
+    images = tuple(f"localhost/{tags.get(k, '')}"
+                   for k in ("TRITON_CPU_IMAGE", "BUILDER_CPU_IMAGE", "FRONT_CPU_IMAGE"))
     for image in images:
         if subprocess.run([PODMAN, "image", "exists", image], timeout=60).returncode != 0:
             return None
@@ -63,8 +67,8 @@ pytestmark = [
     pytest.mark.timeout(START_TIMEOUT_S + 600),
     pytest.mark.skipif(
         IMAGES is None,
-        reason="podman or the CPU images are missing (apt-get install podman runc; "
-        "scripts/compose-images.sh builds them and writes build/images/tags.env)"),
+        reason="podman or the CPU images (serving, builder, front) are missing (apt-get install "
+        "podman runc; scripts/compose-images.sh builds them and writes build/images/tags.env)"),
     pytest.mark.skipif(
         not (REPOSITORY / "build_manifest.json").is_file(),
         reason="no built cpu repository in build/model_repositories/cpu (the compose smoke's "
@@ -93,7 +97,7 @@ def _old_supervisor_env(image: str) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def record(tmp_path_factory) -> Path:
-    image, _ = IMAGES
+    image, _, _ = IMAGES
     os.environ.setdefault("CONTAINERS_CONF", _env()["CONTAINERS_CONF"])
     built = package(REPOSITORY, "localhost/triton-forge/models", image, engine="podman")
     path = tmp_path_factory.mktemp("artifact") / "cpu.artifact.json"
@@ -103,9 +107,10 @@ def record(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pod(record, tmp_path_factory):
-    image, _ = IMAGES
+    image, _, front = IMAGES
     out = tmp_path_factory.mktemp("k8s")
-    render_k8s(ROOT / "repository.yaml", "cpu", out / "k8s", image=image, artifact=record)
+    render_k8s(ROOT / "repository.yaml", "cpu", out / "k8s", image=image, front_image=front,
+               artifact=record)
     deployment = yaml.safe_load((out / "k8s" / "manifests" / "deployment.yaml").read_text())
     played = Pod(deployment, out / "pod", PODMAN, env=_env(), drop_env=_old_supervisor_env(image))
     try:
@@ -114,6 +119,7 @@ def pod(record, tmp_path_factory):
         yield played
     except BaseException:
         print(f"--- {played.container} log\n{played.logs(tail=80)}")
+        print(f"--- {played.front} log\n{played.logs(played.front, tail=30)}")
         raise
     finally:
         played.down()
@@ -176,11 +182,30 @@ def test_the_artifact_pod_builds_nothing_verifies_and_serves_both_pipelines(pod,
     top = pod.run("exec", pod.container, "cat", "/proc/1/cmdline", check=True).stdout
     assert top.split("\0")[0] == manifests.TINI  # PID 1 reaps orphans
 
+    # Through the front: HAProxy on the haproxy.cfg the artifact carried, its admission
+    # controller in the supervisor beside tritonserver, tritonserver on the pod's loopback alone
+    front = json.loads(pod.run("inspect", pod.front, check=True).stdout)[0]
+    repository = pod.deployment["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"]
+    assert [front["Path"], *front["Args"]] == manifests.front_command(repository)
+    assert front["State"]["Running"] and front["HostConfig"]["ReadonlyRootfs"] is True
+    assert "front admission on" in pod.logs()
+    listening = pod.run("exec", pod.container, "cat", "/proc/net/tcp", check=True).stdout
+    local = {line.split()[1] for line in listening.splitlines()[1:] if line.split()[3] == "0A"}
+    assert f"0100007F:{manifests.TRITON_HTTP_PORT:04X}" in local  # 127.0.0.1:18000
+    assert f"00000000:{manifests.TRITON_HTTP_PORT:04X}" not in local
+    assert f"00000000:{manifests.HTTP_PORT:04X}" in local  # the front, on the pod's interfaces
     status, answer = _post(pod.http, "/v2/models/text_embedding/infer", TEXT)
     assert status == 200 and answer["outputs"][0]["shape"] == [1, 384]
+    host, _, port = pod.http.removeprefix("http://").rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", "/v2/models/text_embedding/infer")
+    conn.putheader("Content-Length", str(64 << 20))
+    conn.endheaders()  # no body: the front answers from the head alone
+    oversized = conn.getresponse()
+    assert oversized.status == 413 and "request body over" in json.loads(oversized.read())["error"]
+    conn.close()
     top5 = _classify_chelsea(pod.http)
     assert top5[0] in (281, 282, 285), top5  # tabby, tiger cat, Egyptian cat
-    host, _, port = pod.http.removeprefix("http://").rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     conn.request("POST", "/v2/repository/index", body="{}")
     assert conn.getresponse().status == 403  # the admin APIs need the Secret's key
@@ -210,7 +235,8 @@ def test_overload_longer_than_the_liveness_window_restarts_nothing(pod):
     time.sleep(3)  # the queues fill
     results: dict[str, list[int]] = {"livenessProbe": [], "readinessProbe": [], "full": []}
     verdicts: Counter = Counter()
-    full = ["python3", manifests.HEALTHCHECK, "--url", "http://127.0.0.1:8000", "--repository",
+    full = ["python3", manifests.HEALTHCHECK, "--url",
+            f"http://127.0.0.1:{manifests.TRITON_HTTP_PORT}", "--repository",
             pod.deployment["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"],
             "--probes", manifests.PROBES, "--timeout", "5"]
     while time.monotonic() < stop:
@@ -270,7 +296,7 @@ def test_a_killed_stub_fails_readiness_then_the_reload_makes_it_ready(pod):
 
 
 def test_a_tampered_artifact_fails_the_verify_command_naming_the_file(tmp_path):
-    image, _ = IMAGES
+    image, _, _ = IMAGES
     copy = tmp_path / "cpu"
     shutil.copytree(REPOSITORY, copy)
     target = next(copy.glob("minilm_encoder/1/*.onnx"))

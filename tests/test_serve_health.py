@@ -145,7 +145,11 @@ def image_layout(tmp_path) -> tuple[Path, dict[str, str]]:
     opt = tmp_path / "opt" / "triton-forge"
     for relative in _serving_stage_copies():  # tools/x and docker/x land in /opt/triton-forge
         (opt / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / relative, opt / relative)
+        if (ROOT / relative).is_dir():  # a package copied whole (tools/front/)
+            shutil.copytree(ROOT / relative, opt / relative, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / relative, opt / relative)
     site = sysconfig.get_paths()["purelib"]
     return opt, {"PATH": os.environ["PATH"], "PYTHONPATH": site}
 

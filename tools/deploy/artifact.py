@@ -1,12 +1,14 @@
 """The model-repository artifact: a built repository as a content-addressed OCI image.
 
 ``package`` checks the repository against its manifest, then builds (Podman or Docker, whichever
-runs here) an image ``FROM scratch`` holding only ``/repository`` (the models and
-``build_manifest.json``) and one static ``busybox`` for the init container that copies it into
-the pod. The tag is the target and the manifest's sha256 (``cpu-<24 hex>``); the image is
-referenced by its digest. The label ``org.triton-forge.packaging`` holds the hash of how it was
-packaged (this module's code and the copier image named): an image with the tag is reused only
-when that label matches, so a change to the packaging rebuilds it even for the same manifest.
+runs here) an image ``FROM scratch`` holding only ``/repository`` (the models,
+``build_manifest.json`` and the front's ``haproxy.cfg`` and ``front.lua`` that ``tools build-repo``
+wrote beside them) and one static ``busybox`` for the init container that copies it into the
+pod. The tag is the target and the manifest's sha256 (``cpu-<24 hex>``); the image is referenced
+by its digest. The label ``org.triton-forge.packaging`` holds the hash of how it was packaged
+(this module's code and the copier image named) and ``org.triton-forge.front.sha256`` that of the
+front's two files (not in the manifest): an image with the tag is reused only when both match,
+so a change to either rebuilds it even for the same manifest.
 The record (``ArtifactRecord``, JSON beside the repository) is what
 ``tools deploy k8s --artifact`` reads: the reference, the manifest hash the pod's verifier
 expects, and each model's weight bytes for sizing.
@@ -29,6 +31,7 @@ from typing import Any
 from tools.manifest import MANIFEST_NAME, Manifest
 from tools.deploy.verify import verify_repository
 from tools.errors import ToolkitError, UserInputError
+from tools.front import haproxy_config
 
 RECORD_FORMAT = 1
 TAG_HEX = 24  # of the manifest's sha256 in the tag; the whole hash is a label and in the record
@@ -36,6 +39,9 @@ ARTIFACT_ROOT = "/repository"  # where the image holds the repository
 BUSYBOX = "/bin/busybox"  # the copier's one binary (Debian's busybox-static in the serving images)
 LABEL_PREFIX = "org.triton-forge"
 PACKAGING_LABEL = f"{LABEL_PREFIX}.packaging"
+FRONT_LABEL = f"{LABEL_PREFIX}.front.sha256"
+# The front's config and Lua, beside the models (the pod's front container runs them)
+FRONT_FILES = (haproxy_config.CONFIG_NAME, haproxy_config.LUA_NAME)
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 ENGINE_TIMEOUT_S = 1800
 
@@ -137,6 +143,23 @@ def packaging_key(copier_image: str, code: bytes | None = None) -> str:
     return digest.hexdigest()[:TAG_HEX]
 
 
+def front_key(repository: Path) -> str:
+    """The hash of the front's files in ``repository`` (names and contents).
+
+    Raises:
+        UserInputError: one is missing (a repository built before the front existed).
+    """
+    missing = [name for name in FRONT_FILES if not (Path(repository) / name).is_file()]
+    if missing:
+        raise UserInputError(f"{repository}: no {' or '.join(missing)} (the front's config, which "
+                             "tools build-repo writes beside the models): rebuild it with tools "
+                             "build-repo")
+    digest = hashlib.sha256()
+    for name in FRONT_FILES:
+        digest.update(name.encode() + b"\0" + (Path(repository) / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def _image_labels(run: Runner, engine: str, reference: str) -> dict[str, str] | None:
     """The labels of a local image; None when there is no image by that reference."""
     result = run([engine, "image", "inspect", "--format", "{{json .Config.Labels}}", reference])
@@ -208,13 +231,15 @@ def containerfile(copier_image: str, labels: Mapping[str, str]) -> str:
 
 
 def _stage(repository: Path, manifest: Manifest, into: Path) -> None:
-    """Exactly the files the manifest records, and the manifest, hard-linked (or copied).
+    """Exactly the files the manifest records, the manifest and the front's files, hard-linked
+    (or copied).
 
     A file not readable by everyone (the builder writes the manifest through mkstemp, 0600) is
     copied and made so: the pod reads the artifact as uid 1000, not as the files' owner.
     """
-    files = [MANIFEST_NAME] + [f"{name}/{relative}" for name, entry in manifest.models.items()
-                               for relative in entry.artifacts]
+    files = [MANIFEST_NAME, *(f for f in FRONT_FILES if (repository / f).is_file())] + [
+        f"{name}/{relative}" for name, entry in manifest.models.items()
+        for relative in entry.artifacts]
     for name in manifest.models:  # folders too: an ensemble's version folder is empty
         for folder in (p for p in (repository / name).rglob("*") if p.is_dir()):
             if "__pycache__" not in folder.parts:
@@ -276,19 +301,22 @@ def package(
                              "rebuild it with tools build-repo")
     manifest = Manifest.read(repository)
     assert manifest is not None  # verified above
+    front = front_key(repository)
     engine = pick_engine(engine)
     tag = artifact_tag(manifest.target, verified.manifest_sha256)
     labels = {
         f"{LABEL_PREFIX}.manifest.sha256": verified.manifest_sha256,
         f"{LABEL_PREFIX}.target": manifest.target,
         PACKAGING_LABEL: packaging_key(copier_image),
+        FRONT_LABEL: front,
         "org.opencontainers.image.title": "triton-forge model repository",
     }
     reference = f"{image}:{tag}"
     # The tag is the manifest's hash: an image that has it holds this very repository; it is
-    # reused only when it was packaged the same way too (else rebuilt, and the tag moves).
+    # reused only when it was packaged the same way and holds the same front config too (else
+    # rebuilt, and the tag moves).
     found = _image_labels(run, engine, reference)
-    exists = found is not None and found.get(PACKAGING_LABEL) == labels[PACKAGING_LABEL]
+    exists = found is not None and all(found.get(k) == labels[k] for k in (PACKAGING_LABEL, FRONT_LABEL))
     with tempfile.TemporaryDirectory(prefix="tf-artifact-") as tmp:
         context = Path(tmp)
         if not exists:

@@ -1,7 +1,8 @@
 """Kubernetes objects of one deployment as plain data (dicts), one function per object.
 
 Nothing here writes files or YAML: ``render`` does. The server flags come from
-``tools.serve.server_config.TritonServerConfig``, the one flag list of the project.
+``tools.serve.server_config.TritonServerConfig``, the one flag list of the project; the front runs
+the ``haproxy.cfg`` ``tools build-repo`` wrote into the repository, with ``front_environment``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from tools.deploy import promql
 from tools.deploy.sizing import PodResources
+from tools.front import haproxy_config
 from tools.serve.server_config import (
     HTTP_MAX_INPUT_SIZE,
     RESTRICTED_APIS,
@@ -20,7 +22,12 @@ from tools.serve.server_config import (
 )
 
 NAME = "triton-forge"
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # the front's HTTP and gRPC; Triton's metrics
+# tritonserver's own HTTP and gRPC, on the loopback it shares with the front (haproxy_config)
+TRITON_HTTP_PORT, TRITON_GRPC_PORT = (
+    int(haproxy_config.ENV_DEFAULTS[name].rpartition(":")[2])
+    for name in ("FORGE_TRITON_HTTP", "FORGE_TRITON_GRPC"))
+LOOPBACK = "127.0.0.1"
 STATUS_PORT = 8003  # the supervisor's /status and /metrics (contract 2), port name forge-metrics
 STATUS_PORT_NAME = "forge-metrics"
 STATUS_URL = f"http://127.0.0.1:{STATUS_PORT}/status"
@@ -30,6 +37,14 @@ PROJECT = "/opt/triton-forge"  # where the images keep the project (docker/*.Doc
 HEALTHCHECK = f"{PROJECT}/docker/healthcheck.py"
 VERIFY = f"{PROJECT}/docker/verify_repository.py"
 PROBES = f"{PROJECT}/docker/healthcheck_probes.json"
+# The front: the official HAProxy image of the 2.6 LTS branch (Lua built in), the branch the
+# rendered config is tested with (Debian's 2.6.12). The same pin as docker-compose.yml's
+# x-front-image (tests/test_deploy_front.py): the index digest docker-library/repo-info records
+# for haproxy:2.6.34-trixie, not checked against Docker Hub from here (no registry reachable).
+FRONT_IMAGE = ("docker.io/library/haproxy:2.6.34-trixie"
+               "@sha256:ee0545c18597c68f85594cf27b460b800ed5ccb2b99acf0d61bb8c9090b722a3")
+FRONT_CPU = "500m"
+FRONT_MEMORY_MIB = 256  # maxconn 4096 x two 16 KiB buffers = 128 MiB at the most, and room
 TINI = "/usr/bin/tini"  # Debian's and Ubuntu's tini package, in both serving images
 CLIENT_LABEL = {"triton-forge/client": "true"}  # pods allowed to send inferences (NetworkPolicy)
 # Rollouts: a cpu pod surges (a spare node is cheap); a gpu pod replaces one in place, since a
@@ -55,14 +70,16 @@ DEV_IMAGES = {
     "cpu": ("triton-forge/triton-cpu:local", "triton-forge/builder-cpu:local"),
     "gpu": ("triton-forge/triton:local", "triton-forge/builder:local"),
 }
+# The front with --dev-build: the Debian-built one beside the Debian CPU images (scripts/
+# compose-images.sh); the NGC images pair with the official one, as in docker-compose.yml.
+DEV_FRONT_IMAGES = {"cpu": "triton-forge/front-cpu:local", "gpu": FRONT_IMAGE}
 SOURCES = ("artifact", "dev-build", "plans-job")
 
-# gRPC keep-alive (milliseconds). Server pings every 60 s so a peer that vanished (node gone,
-# conntrack entry dropped by a NAT or a rollout) is found in about 80 s, not Triton's default
-# 2 h; clients may ping every 10 s without the server answering GOAWAY "too_many_pings"
-# (Triton's default minimum is 5 min); every connection is closed after 5 min, with 30 s to
-# finish its calls, so long-lived channels re-resolve and spread over new replicas after a
-# scale-out (the Service balances per connection, not per request).
+# gRPC keep-alive (milliseconds) of tritonserver's own gRPC port. Clients connect to the front, so
+# these now govern the front's connection to tritonserver on the pod's loopback: server pings
+# every 60 s, pings every 10 s allowed without GOAWAY "too_many_pings", and every connection
+# closed after 5 min with 30 s to finish its calls. A client's own channel is the front's: it is
+# closed after the front's idle timeout (tools/front/haproxy_config.py), not after an age.
 GRPC_KEEPALIVE_FLAGS = (
     "--grpc-keepalive-time=60000",
     "--grpc-keepalive-timeout=20000",
@@ -134,6 +151,7 @@ class Deployment:
         monitoring_namespace: The namespace Prometheus scrapes from (NetworkPolicy).
         capacity: The measured capacity (``--from-tune``), or None.
         prometheus_url: Prometheus the KEDA trigger queries.
+        front_image: The front's image (HAProxy 2.6 with Lua).
     """
 
     target: str
@@ -155,6 +173,7 @@ class Deployment:
     monitoring_namespace: str = "monitoring"
     capacity: Capacity | None = None
     prometheus_url: str = ""
+    front_image: str = FRONT_IMAGE
 
     @property
     def repository(self) -> str:
@@ -196,13 +215,38 @@ def _meta(d: Deployment, name: str = NAME, extra: dict[str, str] | None = None) 
     return {"name": name, "namespace": d.namespace, "labels": {**labels(d), **(extra or {})}}
 
 
+def front_environment() -> dict[str, str]:
+    """The front's ``FORGE_*`` environment in the pod and in the compose stack (tests compare
+    docker-compose.yml's with it): its public ports on every interface of the network namespace
+    it shares with tritonserver; tritonserver, the runtime API and the admission controller's log
+    on that namespace's loopback (``haproxy_config.ENV_DEFAULTS``). No OpenAI/TEI gateway."""
+    env = {k: v for k, v in haproxy_config.ENV_DEFAULTS.items() if k != "FORGE_GATEWAY"}
+    env["FORGE_FRONT_HTTP"] = f"0.0.0.0:{HTTP_PORT}"
+    env["FORGE_FRONT_GRPC"] = f"0.0.0.0:{GRPC_PORT}"
+    return env
+
+
+CONTROLLER_ENV = ("FORGE_FRONT_ADMIN", "FORGE_FRONT_LOG")  # the supervisor runs the controller
+
+
+def front_command(repository: str) -> list[str]:
+    """HAProxy in the foreground (master-worker) on the config ``tools build-repo`` wrote into
+    ``repository`` (``front.lua`` beside it)."""
+    return ["haproxy", "-W", "-db", "-f", f"{repository}/{haproxy_config.CONFIG_NAME}"]
+
+
 def server_args(d: Deployment) -> list[str]:
     """tritonserver's command line in the pod (the admin key expanded by the kubelet)."""
     restriction = Restriction(RESTRICTED_APIS, ADMIN_HEADER, "$(TRITON_ADMIN_KEY)")
     config = TritonServerConfig(
         model_repository=d.repository,
-        http_port=HTTP_PORT,
-        grpc_port=GRPC_PORT,
+        # On the pod's loopback, behind the front; --http-address would move the metrics with
+        # it, so they keep every interface (the PodMonitor scrapes them)
+        http_address=LOOPBACK,
+        http_port=TRITON_HTTP_PORT,
+        grpc_address=LOOPBACK,
+        grpc_port=TRITON_GRPC_PORT,
+        metrics_address="0.0.0.0",
         metrics_port=METRICS_PORT,
         # every model at start; the load API (admin key) only reloads a model whose stub died
         model_control_mode="explicit",
@@ -211,7 +255,8 @@ def server_args(d: Deployment) -> list[str]:
         exit_on_error=True,
         exit_timeout_secs=EXIT_TIMEOUT_S,
         disable_auto_complete_config=True,
-        # 16 MiB per HTTP request, as compose; the CPU image's 2.51 turns it into its HTTP guard
+        # 16 MiB per HTTP request, as compose (the front refuses larger bodies first; the CPU
+        # image's Triton 2.51 has no such flag and its wrapper drops it)
         http_max_input_size=HTTP_MAX_INPUT_SIZE,
         http_restricted_api=restriction,
         grpc_restricted_protocol=restriction,
@@ -230,8 +275,8 @@ def server_args(d: Deployment) -> list[str]:
 
 def probe_command(d: Deployment, mode: str) -> list[str]:
     """The probe a kubelet execs: ``liveness`` or ``readiness`` (docker/healthcheck.py)."""
-    command = ["python3", HEALTHCHECK, "--mode", mode, "--url", f"http://127.0.0.1:{HTTP_PORT}",
-               "--status-url", STATUS_URL]
+    command = ["python3", HEALTHCHECK, "--mode", mode, "--url",
+               f"http://{LOOPBACK}:{TRITON_HTTP_PORT}", "--status-url", STATUS_URL]
     if mode == "readiness":
         command += ["--repository", d.repository, "--probes", PROBES]
     # Two requests of 4 s (liveness) or a budget of 8 s (readiness): below the probe's
@@ -244,7 +289,7 @@ def _probe(d: Deployment, mode: str, period: int, failures: int) -> dict[str, An
             "timeoutSeconds": 10, "failureThreshold": failures}
 
 
-def _resources(cpu: int, memory_mib: int, gpus: int) -> dict[str, Any]:
+def _resources(cpu: int | str, memory_mib: int, gpus: int) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": str(cpu), "memory": f"{memory_mib}Mi"}
     if gpus:
         amounts["nvidia.com/gpu"] = str(gpus)
@@ -334,9 +379,39 @@ def repository_size_mib(d: Deployment) -> int:
     return max(4096, 2 * sum(mib for name, mib in d.resources.breakdown if " x" in name))
 
 
+def front(d: Deployment) -> dict[str, Any]:
+    """The front container: HAProxy on the pod's HTTP and gRPC ports, running the repository's
+    ``haproxy.cfg`` in front of tritonserver on the pod's loopback (the supervisor in the triton
+    container runs its admission controller)."""
+    return {
+        "name": "front",
+        "image": d.front_image,
+        "command": front_command(d.repository),
+        "env": [{"name": k, "value": v} for k, v in front_environment().items()],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(FRONT_CPU, FRONT_MEMORY_MIB, 0),
+        # Ready while a request through it reaches a ready tritonserver (a busy model's cap does
+        # not apply: health goes to the shared backend); alive while it accepts connections.
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
+                           "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
+        # New connections still arrive until every proxy has dropped the endpoint; then a
+        # graceful stop (SIGUSR1: stop listening, finish what runs) while tritonserver drains.
+        # The kubelet's SIGTERM would stop HAProxy at once, dropping what it holds.
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "/bin/sh", "-c", f"sleep {PRE_STOP_SLEEP_S}; kill -USR1 1; sleep {EXIT_TIMEOUT_S}"]}}},
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [_repository_mount(d)],
+    }
+
+
 def deployment(d: Deployment) -> dict[str, Any]:
     """The Deployment: the repository (copied artifact, image volume, claim, or dev build),
-    then tritonserver under tini and the supervisor, with busy-aware probes."""
+    then tritonserver under tini and the supervisor, with busy-aware probes, and the front."""
     r = d.resources
     triton = {
         "name": "triton",
@@ -357,10 +432,13 @@ def deployment(d: Deployment) -> dict[str, Any]:
             {"name": "TRITON_RETRY_BACKOFF", "value": "5"},
             {"name": "TRITON_RETRY_BACKOFF_MAX", "value": "300"},
             {"name": "HOME", "value": "/tmp"},
+            # The front's admission controller runs in the supervisor: the front's runtime API
+            # and the log it sends, on the loopback the containers share.
+            *({"name": k, "value": v} for k, v in front_environment().items()
+              if k in CONTROLLER_ENV),
         ],
+        # tritonserver's HTTP and gRPC listen on the loopback only, behind the front
         "ports": [
-            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
             {"name": STATUS_PORT_NAME, "containerPort": STATUS_PORT, "protocol": "TCP"},
         ],
@@ -399,7 +477,7 @@ def deployment(d: Deployment) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "initContainers": _init_containers(d),
-        "containers": [triton],
+        "containers": [triton, front(d)],
         "topologySpreadConstraints": [
             {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
              "labelSelector": {"matchLabels": selector(d)},
@@ -503,7 +581,7 @@ def spec_configmap(d: Deployment) -> dict[str, Any]:
 
 
 def service(d: Deployment) -> dict[str, Any]:
-    """HTTP, gRPC and metrics behind one ClusterIP."""
+    """HTTP and gRPC (the front's ports) and metrics behind one ClusterIP."""
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -150,6 +150,11 @@ def readme(d: manifests.Deployment, paths: list[str]) -> str:
         "",
         *[f"- {name}: {mib} MiB" for name, mib in r.breakdown],
         "",
+        f"And the front (HAProxy, `{d.front_image}`): {manifests.FRONT_CPU} CPU, "
+        f"{manifests.FRONT_MEMORY_MIB} MiB. It holds ports {manifests.HTTP_PORT}/"
+        f"{manifests.GRPC_PORT} and runs the `haproxy.cfg` `tools build-repo` wrote into the "
+        "repository; tritonserver listens on the pod's loopback behind it.",
+        "",
     ]
     if d.capacity:
         lines += ["## Capacity from measurement (--from-tune)", "", *[f"- {x}" for x in d.capacity.lines], ""]
@@ -251,6 +256,7 @@ def render_k8s(
     *,
     image: str | None = None,
     builder_image: str | None = None,
+    front_image: str | None = None,
     artifact: Path | None = None,
     dev_build: bool = False,
     plans_job: bool = False,
@@ -279,6 +285,8 @@ def render_k8s(
         output: The folder to write (new, empty, or rendered by this function before).
         image: Serving image (required; with ``dev_build`` default ``DEV_IMAGES``).
         builder_image: Builder image of the same family (``dev_build``, ``plans_job``).
+        front_image: The front's image (HAProxy 2.6 with Lua) [default: the official image
+            ``manifests.FRONT_IMAGE``; with ``dev_build`` ``DEV_FRONT_IMAGES``].
         artifact: The record ``tools deploy package`` wrote: the pods copy (or mount) that
             artifact and build nothing.
         dev_build: Build the repository in the pod (development mode).
@@ -378,6 +386,8 @@ def render_k8s(
         monitor_labels=_labels(monitor_labels, "--monitor-label"),
         monitoring_namespace=monitoring_namespace, capacity=capacity,
         prometheus_url=prometheus_url,
+        front_image=front_image or (manifests.DEV_FRONT_IMAGES[target] if dev_build
+                                    else manifests.FRONT_IMAGE),
     )
     files = files_of(deployment, objectives)
     files[MARKER] = "".join(f"{p}\n" for p in sorted(files))
