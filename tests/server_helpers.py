@@ -13,3 +13,24 @@ def fake_tritonserver(tmp_path: Path, options: list[str]) -> Path:
     binary.write_text(f"#!/bin/sh\ncat <<'EOF'\nUsage: tritonserver [options]\n{lines}\nEOF\n")
     binary.chmod(0o755)
     return binary
+
+
+def copy_serving_stage(destination: Path) -> Path:
+    """Copy the project files the serve stage of docker/triton.Dockerfile copies into the image
+    (``tools/...`` and ``docker/...``, packages whole) under ``destination``, as
+    /opt/triton-forge holds them there; returns ``destination``."""
+    import re
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docker" / "triton.Dockerfile").read_text().replace("\\\n", " ")
+    serve_stage = text.split("FROM serve AS builder")[0]
+    for line in re.findall(r"^COPY (.+)$", serve_stage, re.MULTILINE):
+        for relative in (p for p in line.split()[:-1] if p.startswith(("tools/", "docker/"))):
+            (destination / relative).parent.mkdir(parents=True, exist_ok=True)
+            if (root / relative).is_dir():  # a package copied whole (tools/front/)
+                shutil.copytree(root / relative, destination / relative, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(root / relative, destination / relative)
+    return destination

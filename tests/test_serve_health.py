@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from server_helpers import copy_serving_stage
 from tools.errors import UserInputError
 from tools.serve import health
 
@@ -125,16 +124,6 @@ def test_a_model_is_alive_only_without_a_problem():
 # --- docker/healthcheck.py and docker/triton_supervisor.py as the serving image holds them
 
 
-def _serving_stage_copies() -> list[str]:
-    """The project files the serve stage of docker/triton.Dockerfile copies into the image."""
-    text = (ROOT / "docker" / "triton.Dockerfile").read_text().replace("\\\n", " ")
-    serve_stage = text.split("FROM serve AS builder")[0]
-    sources = []
-    for line in re.findall(r"^COPY (.+)$", serve_stage, re.MULTILINE):
-        sources += [p for p in line.split()[:-1] if p.startswith(("tools/", "docker/"))]
-    return sources
-
-
 @pytest.fixture
 def image_layout(tmp_path) -> tuple[Path, dict[str, str]]:
     """/opt/triton-forge as the image has it, and an environment without the checkout.
@@ -142,14 +131,7 @@ def image_layout(tmp_path) -> tuple[Path, dict[str, str]]:
     ``-S`` keeps the editable install's path hook out; site-packages stands in for the
     packages docker/requirements-serve.txt installs.
     """
-    opt = tmp_path / "opt" / "triton-forge"
-    for relative in _serving_stage_copies():  # tools/x and docker/x land in /opt/triton-forge
-        (opt / relative).parent.mkdir(parents=True, exist_ok=True)
-        if (ROOT / relative).is_dir():  # a package copied whole (tools/front/)
-            shutil.copytree(ROOT / relative, opt / relative, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(ROOT / relative, opt / relative)
+    opt = copy_serving_stage(tmp_path / "opt" / "triton-forge")
     site = sysconfig.get_paths()["purelib"]
     return opt, {"PATH": os.environ["PATH"], "PYTHONPATH": site}
 

@@ -98,12 +98,13 @@ def test_compose_bounds_http_input_size_as_the_embedded_server_does_where_suppor
 def test_embedded_server_binds_loopback_while_compose_publishes_on_loopback_by_default(
     compose_config, embedded_config
 ):
-    # In the container Triton listens on its network's interfaces; compose publishes the ports
-    # on ${TRITON_BIND_IP:-127.0.0.1} (tests/test_compose_file.py).
+    # In the container Triton's HTTP and gRPC listen on loopback behind the front, which shares
+    # its network namespace; its metrics on the network's interfaces (Prometheus scrapes them);
+    # compose publishes the ports on ${TRITON_BIND_IP:-127.0.0.1} (tests/test_compose_file.py).
     assert (embedded_config.http_address, embedded_config.grpc_address,
             embedded_config.metrics_address) == (LOOPBACK, LOOPBACK, LOOPBACK)
     assert (compose_config.http_address, compose_config.grpc_address,
-            compose_config.metrics_address) == (None, None, None)
+            compose_config.metrics_address) == (LOOPBACK, LOOPBACK, "0.0.0.0")
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     ports = compose["services"]["triton"]["ports"]
     assert all(p.startswith("${TRITON_BIND_IP:-127.0.0.1}:") for p in ports)

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from server_helpers import copy_serving_stage
 from tools.errors import TensorRTError
 from tools.serve import trt_guard
 from tools.serve.trt_guard import Runtime, guard
@@ -253,22 +253,10 @@ def test_refusal_rebuilds_into_the_folder_the_gpu_triton_serves(tmp_path):
     assert f"{mount['source']}{output[len(mount['target']):]}" == served["source"]
 
 
-def _serving_stage_copies() -> list[str]:
-    """The tools/ files the serving stage of docker/triton.Dockerfile copies into the image."""
-    text = (ROOT / "docker" / "triton.Dockerfile").read_text().replace("\\\n", " ")
-    serve_stage = text.split("FROM serve AS builder")[0]
-    sources = []
-    for line in re.findall(r"^COPY (.+)$", serve_stage, re.MULTILINE):
-        sources += [p for p in line.split()[:-1] if p.startswith("tools/")]
-    return sources
-
-
 def test_guard_runs_from_the_files_the_serving_image_copies_with_the_standard_library_only(tmp_path):
     # The NGC image has no triton-forge installed: the guard and the manifest type it reads must
     # work from the copied files alone, without site-packages (-S) or the checkout on sys.path.
-    for relative in _serving_stage_copies():
-        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / relative, tmp_path / relative)
+    copy_serving_stage(tmp_path)
     repo = _repository(tmp_path / "repo", {"minilm_encoder": PLAN})
     env = {"PATH": os.environ["PATH"], "TENSORRT_VERSION": "10.3.0", "PYTHONPATH": str(tmp_path)}
 
