@@ -296,3 +296,31 @@ def test_tune_finishes_with_a_winner(ner, tmp_path):
     tuned = {m for t in data["trials"] for m in t["settings"]}
     assert tuned == {"ner_tokenizer", "ner_classifier", "ner_postprocess"}
     assert data["best"] is not None and "winner: trial" in result.stdout
+
+
+def test_tei_predict_answers_the_entities_through_the_gateway(ner, tmp_path):
+    import urllib.request
+
+    from tools.api.server import ApiServer
+
+    server = ner["server"]
+    texts = list(PARITY_TEXTS)
+    with ApiServer(server.http_url, ner["root"] / "repo", log_path=tmp_path / "api.log") as api:
+        def post(body: dict):
+            request = urllib.request.Request(f"http://{api.url}/predict",
+                                             data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return json.loads(answer.read())
+
+        batch = post({"inputs": [[t] for t in texts]})
+        single = post({"inputs": texts[0]})
+        with urllib.request.urlopen(f"http://{api.url}/info", timeout=10) as answer:
+            info = json.loads(answer.read())
+    # /predict's rule picks the first token-classification pipeline by name: ner (simple)
+    reference = _reference(str(ner["folder"]), "simple", tuple(texts))
+    assert _without_scores(batch) == _without_scores(reference)
+    assert _max_score_difference(batch, reference) <= 1e-4
+    assert single == batch[0]
+    kinds = {p["name"]: p["kind"] for p in info["pipelines"]}
+    assert {kinds[_pipeline(s)] for s in AGGREGATIONS} == {"token-classification"}

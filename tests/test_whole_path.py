@@ -67,7 +67,7 @@ def test_the_readme_block_walks_the_whole_path():
     """The block holds every step, in order (so the run below cannot silently skip one)."""
     steps = [_subcommand(c) for c in readme_commands()]
     wanted = ["tools init", "cd my-project", "tools add", "tools build-repo", "tools serve",
-              "tools infer", "tools loadtest", "tools serve", "tools tune",
+              "tools infer", "curl -fsS", "tools loadtest", "tools serve", "tools tune",
               "tools deploy package", "tools deploy k8s"]
     assert [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s] == wanted, steps
     recipes = [shlex.split(c)[2] for c in readme_commands() if c.startswith("tools add ")]
@@ -250,6 +250,10 @@ def test_your_models_go_the_whole_path_as_the_readme_says(tmp_path):
                                        grpc_url=f"127.0.0.1:{env['GRPC_PORT']}")
                 parity = _check_parity(urls, models)
                 print("parity max abs diff: " + ", ".join(f"{k} {v:.1e}" for k, v in parity.items()))
+            elif command.startswith("curl ") and "/v1/embeddings" in command:
+                answer = json.loads(result.stdout)  # the OpenAI route, through the front
+                assert [len(d["embedding"]) for d in answer["data"]] == [384, 384], answer
+                assert answer["usage"]["prompt_tokens"] > 0
             elif step == "tools loadtest":
                 _check_loadtest(cwd)
             elif step == "tools tune":

@@ -7,6 +7,8 @@ batcher and the tokenizer see the batch the client sent.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ from tools.errors import ApiBackendError, ApiEmptyInput, ApiInvalidRequest
 
 MISSING = object()
 EMBEDDING, SCORE, PROBABILITIES = "EMBEDDING", "SCORE", "PROBABILITIES"
+ENTITIES = "ENTITIES"  # hf-token-classification: one JSON array of entities per text
 
 
 @dataclass(frozen=True)
@@ -155,3 +158,14 @@ async def class_scores(gateway: Gateway, pipeline: Pipeline, texts: Sequence[str
         raise ApiInvalidRequest(f"{pipeline.name} has no model that takes token ids and gives "
                                 "its raw scores", "raw_scores")
     return await pipeline.run_ids(gateway.backend, pipeline.texts.encode(texts), tensor)
+
+
+async def entities(gateway: Gateway, pipeline: Pipeline, texts: Sequence[str], *,
+                   truncate: bool, single: bool = False) -> list[list[dict]]:
+    """Per text, the entities a token-classification pipeline found (its ``ENTITIES``: one
+    UTF-8 JSON array per text, the transformers pipeline's keys, character offsets)."""
+    texts = list(texts)
+    if not truncate:
+        await pipeline.texts.count(texts, truncate=False, param="inputs", single=single)
+    answer = await pipeline.run_texts(gateway.backend, {TEXT: texts}, [ENTITIES])
+    return [json.loads(value.decode("utf-8")) for value in answer[ENTITIES].reshape(-1)]

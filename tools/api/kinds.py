@@ -24,6 +24,9 @@ KINDS: tuple[Kind, ...] = (
     # hf-sequence-classification with labels (softmax or sigmoid)
     Kind("classifier", ("TEXT",), ("LABEL", "SCORE", "PROBABILITIES"),
          (tei_routes.PREDICT,), "classifier"),
+    # hf-token-classification: ENTITIES, one JSON array of entities per text
+    Kind("token-classification", ("TEXT",), ("ENTITIES",), (tei_routes.PREDICT_ENTITIES,),
+         "classifier"),
 )
 
 

@@ -163,6 +163,21 @@ async def predict(gateway: Gateway, pipeline: Pipeline, body: Mapping[str, Any])
     return answers[0] if single else answers
 
 
+async def predict_entities(gateway: Gateway, pipeline: Pipeline, body: Mapping[str, Any]) -> Any:
+    """``POST /predict`` for a token-classification pipeline: per text, its entities with
+    character offsets (``{entity_group, score, word, start, end}``, or per token with
+    ``none``), as transformers' pipeline gives them. TEI has no token classification; the
+    inputs and errors are its ``/predict``'s."""
+    truncate = _truncate(gateway, body)
+    if _flag(body, "raw_scores", False):
+        raise ApiInvalidRequest("raw_scores: a token-classification pipeline answers entities, "
+                                "not per-label scores", "raw_scores")
+    texts, single = _predict_texts(body.get("inputs"), gateway.limits.tei_max_inputs)
+    pipeline.texts.check(texts, "inputs", single=single)
+    found = await compute.entities(gateway, pipeline, texts, truncate=truncate, single=single)
+    return found[0] if single else found
+
+
 def _version() -> str:
     try:
         return version("triton-forge")
@@ -222,3 +237,4 @@ def _predict_body(model: str, columns: Mapping[str, Sequence[str]]) -> dict[str,
 EMBED = Route(Api.TEI, EMBED_PATH, embed, _embed_body, len)
 RERANK = Route(Api.TEI, RERANK_PATH, rerank, _rerank_body, len)
 PREDICT = Route(Api.TEI, PREDICT_PATH, predict, _predict_body, len)
+PREDICT_ENTITIES = Route(Api.TEI, PREDICT_PATH, predict_entities, _predict_body, len)
