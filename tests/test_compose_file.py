@@ -6,11 +6,13 @@ No Docker engine runs here: the files are checked against the Compose Specificat
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import jsonschema
@@ -246,6 +248,64 @@ def test_dockerfile_copies_only_files_that_exist():
     assert sources and not missing
     assert not unsent, f"excluded from the build context by the .dockerignore: {unsent}"
 
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an ``import`` or absolute ``from ... import`` of a file names (functions'
+    own imports included), with each ``from`` name also read as a submodule."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def _gateway_modules() -> tuple[set[Path], set[str]]:
+    """The project's files ``python3 -m tools.api`` imports, and the third-party packages."""
+    files, packages, todo, seen = set(), set(), ["tools.api.__main__"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        base = ROOT / Path(*name.split("."))
+        path = base / "__init__.py" if (base / "__init__.py").is_file() else base.with_suffix(".py")
+        if not path.is_file():
+            continue  # a name imported from a module, not a module
+        files.add(path.relative_to(ROOT))
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        for imported in _imports(path):
+            top = imported.split(".")[0]
+            if top == "tools":
+                todo.append(imported)
+            elif top not in sys.stdlib_module_names:
+                packages.add(top)
+    return files, packages
+
+
+def test_the_serving_image_holds_the_gateway_it_runs_with_every_module_and_package():
+    """The compose `api` service and the Kubernetes gateway run `python3 -m tools.api` from the
+    serving image: its serve stage copies every project file that imports, and its lock holds
+    every package (the pipelines' own tokenizer code comes with the repository)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import lock_requirements
+
+    files, packages = _gateway_modules()
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    serve = text[text.index(" AS serve"):text.index(" AS builder")]
+    sources = [PurePosixPath(s) for line in re.findall(r"^COPY (.+)$", serve, re.MULTILINE)
+               for s in line.split()[:-1] if not s.startswith("--") and s.startswith("tools")]
+    missing = [f for f in files if not any(PurePosixPath(f) == s or s in PurePosixPath(f).parents
+                                            for s in sources)]
+    locked = set(lock_requirements.entries((ROOT / "docker" / "requirements-serve.lock").read_text()))
+
+    assert PurePosixPath("tools/api/app.py") in {PurePosixPath(f) for f in files}
+    assert missing == [], f"the serve stage of {DOCKERFILE.name} does not copy {missing}"
+    assert {"starlette", "uvicorn", "orjson", "tritonclient"} <= packages
+    assert packages - locked == set(), "packages the gateway imports that the serving lock lacks"
 
 # --- triton -----------------------------------------------------------------------------------
 
