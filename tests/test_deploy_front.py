@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 FRONT_SH = ROOT / "docker" / "front.sh"
 RECORDS = Path(__file__).parent / "data" / "artifact"
+COMPOSE_GATEWAY = "api:8080"  # the `api` service of docker-compose.yml, on the compose network
 HAPROXY = shutil.which("haproxy") or next(
     (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)), None)
 needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed "
@@ -89,13 +90,17 @@ def test_compose_and_the_pod_run_the_repositorys_haproxy_cfg_with_one_environmen
     assert Path(pod_config).parent == Path(repository)
     assert _mount_path(front, "repositories") == _mount_path(triton, "repositories")
     assert all(m.get("readOnly") for m in front["volumeMounts"])
-    # one environment: the compose file's is the function's, the pod's is rendered from it
-    assert services["front"]["environment"] == manifests.front_environment() == _env(front)
-    assert set(manifests.front_environment()) == set(haproxy_config.ENV_DEFAULTS) - {"FORGE_GATEWAY"}
+    # one environment: the compose file's is the function's, the pod's is rendered from it; only
+    # the gateway's address differs (compose's `api` service, the pod's gateway Service)
+    gateway = _env(front)["FORGE_GATEWAY"]
+    assert services["front"]["environment"] == manifests.front_environment(COMPOSE_GATEWAY)
+    assert _env(front) == manifests.front_environment(gateway)
+    assert gateway.startswith(f"{manifests.API_NAME}.triton-forge.svc.")
+    assert set(manifests.front_environment(gateway)) == set(haproxy_config.ENV_DEFAULTS)
 
 
 def test_tritonserver_listens_on_loopback_where_the_front_forwards(pod):
-    env = manifests.front_environment()
+    env = manifests.front_environment(COMPOSE_GATEWAY)
     triton, _ = _containers(pod)
     compose_args = [a.replace("${TRITON_ADMIN_KEY:?set TRITON_ADMIN_KEY, see docs/gpu.md}", "k")
                     for a in _compose()["services"]["triton"]["command"][1:]]
@@ -114,7 +119,7 @@ def test_tritonserver_listens_on_loopback_where_the_front_forwards(pod):
 def test_the_supervisor_beside_tritonserver_gets_the_fronts_runtime_api_and_log(pod):
     services = _compose()["services"]
     triton, front = _containers(pod)
-    wanted = {k: manifests.front_environment()[k] for k in manifests.CONTROLLER_ENV}
+    wanted = {k: manifests.front_environment(COMPOSE_GATEWAY)[k] for k in manifests.CONTROLLER_ENV}
 
     for supervisor_env, front_env in ((services["triton"]["environment"],
                                        services["front"]["environment"]),
@@ -137,7 +142,7 @@ def test_the_service_reaches_the_front_and_monitoring_reaches_tritonserver(pod):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # tritonserver itself
         command = triton[probe]["exec"]["command"]
         assert command[command.index("--url") + 1] == (
-            f"http://{manifests.front_environment()['FORGE_TRITON_HTTP']}")
+            f"http://{manifests.front_environment(COMPOSE_GATEWAY)['FORGE_TRITON_HTTP']}")
 
 
 def test_the_front_image_is_pinned_once_by_digest_to_the_2_6_branch():
@@ -170,14 +175,14 @@ def test_haproxy_accepts_the_rendered_config_with_the_compose_and_pod_environmen
     plan = FrontPlan({"text_embedding": 600.0, "image_classification": 250.0},
                      ("image_classification", "text_embedding", "text_tokenizer"))
     haproxy_config.write(plan, tmp_path)
-    env = {"PATH": os.environ.get("PATH", ""), **manifests.front_environment()}
+    env = {"PATH": os.environ.get("PATH", ""), **manifests.front_environment(COMPOSE_GATEWAY)}
 
     result = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / haproxy_config.CONFIG_NAME)],
                             env=env, capture_output=True, text=True, timeout=60)
 
     assert result.returncode == 0, result.stdout + result.stderr
     text = (tmp_path / haproxy_config.CONFIG_NAME).read_text()
-    for name in manifests.front_environment():
+    for name in manifests.front_environment(COMPOSE_GATEWAY):
         assert f"${{{name}-" in text, f"the config no longer reads {name}"
 
 
