@@ -380,6 +380,10 @@ answer["address"] = "127.0.0.2"
 steps["resolves"] = [until("/v1/models", "gateway one"), get("/v2/health/ready")]
 answer["address"] = "127.0.0.3"
 steps["moved"] = [until("/v1/models", "gateway two"), get("/v2/health/ready")]
+answer["address"] = None
+gone = time.monotonic()
+steps["gone"] = [until("/v1/models", "gateway is not running"), get("/v2/health/ready"),
+                 round(time.monotonic() - gone, 1)]
 front.terminate()
 steps["alive"] = front.poll() is None or front.wait(10) == 0
 print(json.dumps(steps))
@@ -447,10 +451,11 @@ def test_the_front_starts_and_serves_triton_while_the_gateway_s_name_does_not_re
 @needs_haproxy
 @needs_namespaces
 def test_the_front_finds_the_gateway_once_its_name_resolves_and_follows_it_to_a_new_address(tmp_path):
-    """What compose does to the `api` container: it appears after the front started, and a
-    restart gives it a new address (measured with Podman). The front resolves the name again
-    while it runs: the API paths reach the gateway once the name answers, and the new address
-    after it moved; /v2/ is served throughout."""
+    """What compose does to the `api` container: it appears after the front started, a restart
+    gives it a new address (measured with Podman), and a stopped one's name stops resolving. The
+    front resolves the name again while it runs: the API paths reach the gateway once the name
+    answers, the new address after it moved, and answer 503 within seconds once the name is
+    gone (not after connect timeouts to the old address); /v2/ is served throughout."""
     haproxy_config.write(FrontPlan({}, ("toy",)), tmp_path)
     script = tmp_path / "gateway_by_name.py"
     script.write_text(GATEWAY_BY_NAME)
@@ -465,3 +470,7 @@ def test_the_front_finds_the_gateway_once_its_name_resolves_and_follows_it_to_a_
     assert api[0] == 503 and "gateway is not running" in api[1]
     assert steps["resolves"] == [[200, "gateway one"], [200, "tritonserver"]]
     assert steps["moved"] == [[200, "gateway two"], [200, "tritonserver"]]
+    refused, triton_after, seconds = steps["gone"]
+    assert refused[0] == 503 and "gateway is not running" in refused[1]
+    assert triton_after == [200, "tritonserver"] and seconds < 10, seconds
+    print(f"the front answered 503 {seconds} s after the gateway's name stopped resolving")
