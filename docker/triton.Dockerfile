@@ -27,12 +27,15 @@ RUN python3 -m pip install --require-hashes --no-deps -r /tmp/requirements-serve
 # The TensorRT guard (standard library only), the healthcheck and the watchdog with per-model
 # recovery (tools/process.py, tools/serve/health.py, model_control.py, recovery.py), run by the
 # triton service, and the front's admission controller the watchdog runs beside tritonserver
-# (tools/front/controller.py and admission.py, standard library only).
+# (tools/front/controller.py and admission.py, standard library only); and the OpenAI/TEI gateway
+# (tools/api with the command edge it uses, tools/command.py and tools/net.py), which the
+# compose `api` service and the Kubernetes gateway Deployment run: python3 -m tools.api.
 COPY tools/__init__.py tools/errors.py tools/process.py tools/files.py tools/manifest.py tools/tensorrt_module.py \
-     /opt/triton-forge/tools/
+     tools/command.py tools/net.py /opt/triton-forge/tools/
 COPY tools/serve/__init__.py tools/serve/trt_guard.py tools/serve/health.py tools/serve/model_control.py \
      tools/serve/recovery.py tools/serve/server_log.py tools/serve/probes.py /opt/triton-forge/tools/serve/
 COPY tools/front/ /opt/triton-forge/tools/front/
+COPY tools/api/ /opt/triton-forge/tools/api/
 COPY tools/deploy/__init__.py tools/deploy/verify.py /opt/triton-forge/tools/deploy/
 COPY docker/triton-entrypoint.sh docker/triton_supervisor.py docker/healthcheck.py \
      docker/healthcheck_probes.json docker/verify_repository.py \

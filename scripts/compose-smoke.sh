@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Run docker-compose.yml for real on this host, on the CPU images (docker-compose.cpu.yml).
 #
-#   scripts/compose-smoke.sh up     build missing images, run the builder, start triton, the front
-#                                   and prometheus on 127.0.0.1 (8000/8001 the front, 8002/8003,
-#                                   9090), wait until healthy, print the endpoints, leave it running
+#   scripts/compose-smoke.sh up     build missing images, run the builder, start triton, the front,
+#                                   the OpenAI/TEI gateway (api) and prometheus on 127.0.0.1
+#                                   (8000/8001 the front, 8002/8003, 9090), wait until healthy,
+#                                   print the endpoints, leave it running
 #   scripts/compose-smoke.sh down   remove every container, volume and network of the project
 #   scripts/compose-smoke.sh        up, probe (HTTP + gRPC inference through the front, its body
-#                                   bound, Prometheus scrape), a killed stub, the Locust SLO gate
-#                                   (cpu profile), an admission refusal under a burst, down -
-#                                   whatever fails
+#                                   bound, Prometheus scrape), the OpenAI and TEI routes through
+#                                   the front (and again after the gateway restarted), a killed
+#                                   stub, the Locust SLO gate (cpu profile), an admission refusal
+#                                   under a burst, down - whatever fails
 #
 # Needs TRITON_ADMIN_KEY, the project's .venv (scripts/setup.sh) for the host-side probes, and
 # Docker Engine + Compose v2 or Podman + podman-compose (scripts/compose-lib.sh picks; ENGINE=
@@ -158,19 +160,25 @@ up() {
       || tf_die "the builder failed (tools build-repo); its output is above"
   fi
   check_repository
-  tf_log "starting triton, the front and prometheus ($(elapsed))"
-  TF_ENGINE_TIMEOUT=300 tf_compose up -d --no-deps triton front prometheus >&2
-  local id front; id="$(tf_service_ids triton | head -1)"; front="$(tf_service_ids front | head -1)"
+  tf_log "starting triton, the front, the gateway and prometheus ($(elapsed))"
+  TF_ENGINE_TIMEOUT=300 tf_compose up -d --no-deps triton front api prometheus >&2
+  local id front api
+  id="$(tf_service_ids triton | head -1)"; front="$(tf_service_ids front | head -1)"
+  api="$(tf_service_ids api | head -1)"
   [ -n "$id" ] || tf_die "compose started no triton container"
   [ -n "$front" ] || tf_die "compose started no front container"
+  [ -n "$api" ] || tf_die "compose started no api container"
   start_health_ticker "$id"
   wait_healthy "$id" triton "every model ready, text_embedding answering"
   # The front's own healthcheck: tritonserver's readiness through HAProxy.
   wait_healthy "$front" front "tritonserver ready through HAProxy"
+  # The gateway's: Triton and every pipeline it found ready, through the front.
+  wait_healthy "$api" api "the OpenAI/TEI gateway's /health"
   wait_prometheus
   cat <<INFO
 triton-forge stack up on $ENGINE in $(elapsed):
   HTTP (front)    http://127.0.0.1:8000   (tools infer text_embedding --text "a cat on a mat")
+  OpenAI, TEI     http://127.0.0.1:8000/v1/embeddings, /embed, /rerank, /predict, /info (the api service)
   gRPC (front)    127.0.0.1:8001          (tools infer text_embedding --text hi --protocol grpc)
   Triton metrics  http://127.0.0.1:8002/metrics
   Prometheus      http://127.0.0.1:9090
@@ -229,6 +237,67 @@ probe() {
     sleep 3
   done
   tf_log "prometheus holds Triton's nv_inference_request_success"
+}
+
+# One call through the public port (the front) to the gateway: the OpenAI embeddings of two texts
+# and TEI's /embed of one, each checked for its shape; KServe v2 beside them is Triton's.
+api_answers() {  # api_answers WHEN
+  timeout 60 .venv/bin/python - "$1" <<'PY' >&2 || tf_die "the OpenAI/TEI routes through the front failed ($1)"
+import json, sys, urllib.request
+
+def post(path, body):
+    request = urllib.request.Request(f"http://127.0.0.1:8000{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.status, json.loads(answer.read())
+
+status, openai = post("/v1/embeddings", {"model": "text_embedding", "input": ["a cat", "a dog"]})
+vectors = [item["embedding"] for item in openai["data"]]
+assert status == 200 and openai["object"] == "list" and openai["model"] == "text_embedding", openai
+assert [item["index"] for item in openai["data"]] == [0, 1], openai["data"]
+assert [len(v) for v in vectors] == [384, 384] and all(isinstance(x, float) for v in vectors for x in v)
+assert openai["usage"]["prompt_tokens"] > 0, openai["usage"]
+status, tei = post("/embed", {"inputs": ["a cat on a mat"]})
+assert status == 200 and [len(v) for v in tei] == [384], tei
+status, kserve = post("/v2/models/text_embedding/infer", {"inputs": [
+    {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["a cat"]}]})
+assert status == 200 and kserve["outputs"][0]["shape"] == [1, 384], kserve
+print(f"api ({sys.argv[1]}): POST /v1/embeddings 2 x 384 floats, usage.prompt_tokens "
+      f"{openai['usage']['prompt_tokens']}; POST /embed 1 x 384; /v2/ still tritonserver's")
+PY
+}
+
+# Seconds until GET /v1/models through the front answers HTTP $1 (each try bounded to 3 s), or
+# fail after 30 s saying $2.
+until_api_status() {  # until_api_status CODE WHAT
+  local started=$SECONDS code=""
+  until code="$(curl -sS -o /dev/null -w '%{http_code}' --max-time 3 http://127.0.0.1:8000/v1/models 2>/dev/null || true)"; [ "$code" = "$1" ]; do
+    [ $((SECONDS - started)) -lt 30 ] || tf_die "$2: /v1/models got HTTP ${code:-no answer} for 30 s, not $1"
+    sleep 1
+  done
+  echo $((SECONDS - started))
+}
+
+api_routes() {
+  # The gateway behind the front on port 8000; then a restart of its container, which gives it a
+  # new address on Podman: while it is down the front answers its paths 503 and keeps serving
+  # /v2/, and once it is back the front has found it again by name.
+  api_answers "through the front"
+  local api before after stopped found
+  api="$(tf_service_ids api | head -1)"
+  tf_log "api container: $("$ENGINE" stats --no-stream --format '{{.MemUsage}} memory, {{.CPUPerc}} CPU' "$api" 2>/dev/null || echo 'no stats')"
+  before="$("$ENGINE" inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$api")"
+  tf_engine stop -t 15 "$api" >/dev/null
+  # (a request in the first seconds waits on the old address until the name stops resolving)
+  stopped="$(until_api_status 503 "with the gateway stopped")"
+  timeout 60 .venv/bin/tools infer text_embedding --text "the gateway is down" --json >/dev/null \
+    || tf_die "text_embedding over /v2/ failed while the gateway was stopped"
+  tf_engine start "$api" >/dev/null
+  wait_healthy "$api" api "the gateway restarted"
+  after="$("$ENGINE" inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$api")"
+  found="$(until_api_status 200 "the restarted gateway (address ${before% } -> ${after% })")"
+  tf_log "gateway stopped: its paths answered 503 within ${stopped} s, /v2/ served on; restarted at ${after% } (was ${before% }): the front reached it ${found} s after it was healthy"
+  api_answers "after the restart"
 }
 
 stub_kill() {
@@ -371,6 +440,7 @@ case "$verb" in
     trap 'exit 130' INT TERM
     up
     probe
+    api_routes
     stub_kill
     load_gate
     admission_refusal ;;

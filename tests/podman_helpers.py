@@ -37,7 +37,8 @@ runtime = "runc"
 
 
 def adapt(doc: dict[str, Any], *, name: str, secret: str, key: str, ports: dict[str, int],
-          volumes: Path, spec: Path | None = None, drop_env: tuple[str, ...] = ()) -> dict[str, Any]:
+          volumes: Path, spec: Path | None = None, drop_env: tuple[str, ...] = (),
+          hosts: dict[str, str] | None = None) -> dict[str, Any]:
     """A copy of the rendered Deployment that Podman 4.3 runs as the kubelet would.
 
     Podman publishes every containerPort on 0.0.0.0 (so: hostPort on 127.0.0.1, ``ports`` maps
@@ -46,12 +47,25 @@ def adapt(doc: dict[str, Any], *, name: str, secret: str, key: str, ports: dict[
     named volumes (so: fresh world-writable host folders, memory ones on the host's /dev/shm),
     restarts finished init containers under ``restartPolicy: Always`` (so: OnFailure), and does
     not expand ``$(VAR)`` in args (so: expanded here, as the kubelet would). ``drop_env`` removes
-    environment variables an older image does not know.
+    environment variables an older image does not know. Podman has no Services: a played pod
+    reaches another by its pod name (``<name>-pod-0``) on Podman's kube network, so ``hosts``
+    maps a Service's host name to the pod name behind it, in every ``host:port`` of a command,
+    its args and the environment.
     """
     doc = json.loads(json.dumps(doc).replace("$(TRITON_ADMIN_KEY)", key))
     doc["metadata"]["name"] = name
     pod = doc["spec"]["template"]["spec"]
     pod["restartPolicy"] = "OnFailure"
+    for service, pod_name in (hosts or {}).items():
+        for container in pod["containers"] + pod.get("initContainers", []):
+            swap = lambda value: (pod_name + value[len(service):]  # noqa: E731
+                                  if value.startswith(f"{service}:") else value)
+            for field_name in ("command", "args"):
+                if field_name in container:
+                    container[field_name] = [swap(v) for v in container[field_name]]
+            for env in container.get("env", []):
+                if "value" in env:
+                    env["value"] = swap(env["value"])
     for container in pod["containers"]:
         for port in container.get("ports", []):
             port.update(hostIP="127.0.0.1", hostPort=ports[port["name"]])
@@ -86,6 +100,7 @@ class Pod:
         podman: The podman binary.
         spec: repository.yaml for a dev-build pod.
         drop_env: Environment variables to leave out (an image older than the render).
+        hosts: Service host name -> the played pod's name standing in for it (``adapt``).
     """
 
     deployment: dict[str, Any]
@@ -93,20 +108,26 @@ class Pod:
     podman: str = "podman"
     spec: Path | None = None
     drop_env: tuple[str, ...] = ()
+    hosts: dict[str, str] = field(default_factory=dict)
     name: str = field(default_factory=lambda: f"tf-k8s-test-{uuid.uuid4().hex[:8]}")
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     ports: dict[str, int] = field(default_factory=dict)  # container port name -> host port
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @property
+    def host(self) -> str:
+        """The played pod's name: what other pods on Podman's kube network resolve."""
+        return f"{self.name}-pod-0"
+
+    @property
     def container(self) -> str:
         """The serving container's name."""
-        return f"{self.name}-pod-0-triton"
+        return f"{self.host}-triton"
 
     @property
     def front(self) -> str:
         """The front container's name."""
-        return f"{self.name}-pod-0-front"
+        return f"{self.host}-front"
 
     @property
     def secret(self) -> str:
@@ -138,7 +159,7 @@ class Pod:
         self.ports = dict(zip(names, free_ports(len(names))))
         adapted = adapt(self.deployment, name=self.name, secret=self.secret, key=self.key,
                         ports=self.ports, volumes=self.workdir / "volumes", spec=self.spec,
-                        drop_env=self.drop_env)
+                        drop_env=self.drop_env, hosts=self.hosts)
         (self.workdir / "play.yaml").write_text(yaml.safe_dump(adapted))
         # Podman reads a secretKeyRef's secret as JSON: key -> base64 value.
         (self.workdir / "secret.json").write_text(json.dumps(

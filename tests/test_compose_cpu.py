@@ -86,8 +86,9 @@ def test_cpu_images_are_the_locally_built_ones(override):
     for name in ("builder", "loadtest", "locust-master", "locust-worker"):
         assert "builder-cpu" in services[name]["image"]
         assert services[name]["build"]["target"] == "builder"
-    assert "triton-cpu" in services["triton"]["image"]
-    assert services["triton"]["build"]["target"] == "serve"
+    for name in ("triton", "api"):  # the gateway runs from the serving image
+        assert services[name]["image"] == "${TRITON_CPU_IMAGE:-triton-forge/triton-cpu:local}"
+        assert services[name]["build"]["target"] == "serve"
     assert "prometheus-cpu" in services["prometheus"]["image"]
     # Debian's haproxy in place of the official image; its command and entry point are the base's
     assert services["front"] == {"image": "${FRONT_CPU_IMAGE:-triton-forge/front-cpu:local}"}

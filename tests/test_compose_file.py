@@ -6,11 +6,13 @@ No Docker engine runs here: the files are checked against the Compose Specificat
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import jsonschema
@@ -247,6 +249,64 @@ def test_dockerfile_copies_only_files_that_exist():
     assert not unsent, f"excluded from the build context by the .dockerignore: {unsent}"
 
 
+
+def _imports(path: Path) -> set[str]:
+    """Every module an ``import`` or absolute ``from ... import`` of a file names (functions'
+    own imports included), with each ``from`` name also read as a submodule."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def _gateway_modules() -> tuple[set[Path], set[str]]:
+    """The project's files ``python3 -m tools.api`` imports, and the third-party packages."""
+    files, packages, todo, seen = set(), set(), ["tools.api.__main__"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        base = ROOT / Path(*name.split("."))
+        path = base / "__init__.py" if (base / "__init__.py").is_file() else base.with_suffix(".py")
+        if not path.is_file():
+            continue  # a name imported from a module, not a module
+        files.add(path.relative_to(ROOT))
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        for imported in _imports(path):
+            top = imported.split(".")[0]
+            if top == "tools":
+                todo.append(imported)
+            elif top not in sys.stdlib_module_names:
+                packages.add(top)
+    return files, packages
+
+
+def test_the_serving_image_holds_the_gateway_it_runs_with_every_module_and_package():
+    """The compose `api` service and the Kubernetes gateway run `python3 -m tools.api` from the
+    serving image: its serve stage copies every project file that imports, and its lock holds
+    every package (the pipelines' own tokenizer code comes with the repository)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import lock_requirements
+
+    files, packages = _gateway_modules()
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    serve = text[text.index(" AS serve"):text.index(" AS builder")]
+    sources = [PurePosixPath(s) for line in re.findall(r"^COPY (.+)$", serve, re.MULTILINE)
+               for s in line.split()[:-1] if not s.startswith("--") and s.startswith("tools")]
+    missing = [f for f in files if not any(PurePosixPath(f) == s or s in PurePosixPath(f).parents
+                                            for s in sources)]
+    locked = set(lock_requirements.entries((ROOT / "docker" / "requirements-serve.lock").read_text()))
+
+    assert PurePosixPath("tools/api/app.py") in {PurePosixPath(f) for f in files}
+    assert missing == [], f"the serve stage of {DOCKERFILE.name} does not copy {missing}"
+    assert {"starlette", "uvicorn", "orjson", "tritonclient"} <= packages
+    assert packages - locked == set(), "packages the gateway imports that the serving lock lacks"
+
 # --- triton -----------------------------------------------------------------------------------
 
 
@@ -387,6 +447,47 @@ def test_the_front_runs_the_haproxy_cfg_of_the_repository_triton_serves(name):
     assert _models_mount(front, str(config.parent))["read_only"] is True
 
 
+def test_the_front_forwards_the_api_paths_to_the_api_service_by_its_name(compose, front):
+    """The gateway is a service of its own on the compose network, reached only through the
+    front (which shares triton's namespace, on that network): its name and port are the
+    front's FORGE_GATEWAY, and it calls the pipelines back through the front's HTTP port."""
+    api = compose["services"]["api"]
+    command = api["command"]
+
+    assert front["environment"]["FORGE_GATEWAY"] == f"api:{command[command.index('--port') + 1]}"
+    assert command[:3] == ["python3", "-m", "tools.api"]
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert command[command.index("--url") + 1] == "triton:8000"  # the front, in triton's namespace
+    assert "ports" not in api and "network_mode" not in api  # published only through the front
+    assert api["depends_on"] == {"front": {"condition": "service_healthy"}}
+    assert api["restart"] == "unless-stopped"
+
+
+def test_the_api_service_runs_from_the_serving_image_which_carries_the_gateway(compose):
+    api, triton = compose["services"]["api"], compose["services"]["triton"]
+
+    assert api["image"] == triton["image"] and api["build"] == triton["build"]
+    assert api["working_dir"] == "/opt/triton-forge"  # where the image keeps tools/
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS))
+def test_the_api_service_reads_the_repository_triton_serves_read_only(name):
+    files, env, _ = CONFIGURATIONS[name]
+    services = _services(files, env)
+    api, triton = services["api"], services["triton"]
+    repository = api["command"][api["command"].index("--repository") + 1]
+
+    assert _host_path(api, repository) == PurePosixPath(_models_mount(triton)["source"])
+    assert _models_mount(api, repository)["read_only"] is True
+
+
+def test_the_api_service_is_healthy_once_its_health_route_answers(compose):
+    test = compose["services"]["api"]["healthcheck"]["test"]
+
+    assert test[:3] == ["CMD", "python3", "-c"]
+    assert "http://127.0.0.1:8080/health" in test[3]
+
+
 def test_the_fronts_healthcheck_asks_tritonservers_readiness_through_it(front):
     test = front["healthcheck"]["test"]
 
@@ -501,7 +602,7 @@ def test_locust_master_and_workers_run_only_in_the_load_profile(compose):
     assert master["command"][master["command"].index("--host") + 1] == "triton:8000"
     assert master["command"][master["command"].index("--slo-profile") + 1] == "gpu"
     assert worker["command"][worker["command"].index("--master-host") + 1] == "locust-master"
-    assert all("profiles" not in services[s] for s in ("triton", "front", "builder",
+    assert all("profiles" not in services[s] for s in ("triton", "front", "api", "builder",
                                                         "prometheus", "grafana"))
 
 
@@ -518,7 +619,7 @@ def test_locust_files_and_slo_profile_the_services_use_exist(compose):
 
 # ------------------------------------------------------------------ hardening (issue 23 item 5)
 
-LONG_RUNNING = ("triton", "front", "prometheus", "grafana", "locust-worker")
+LONG_RUNNING = ("triton", "front", "api", "prometheus", "grafana", "locust-worker")
 
 
 def test_every_long_running_service_restarts(compose):
@@ -526,7 +627,7 @@ def test_every_long_running_service_restarts(compose):
         assert compose["services"][name].get("restart") in ("unless-stopped", "on-failure", "always"), name
 
 
-@pytest.mark.parametrize("name", ["triton", "front", "prometheus", "grafana", "builder"])
+@pytest.mark.parametrize("name", ["triton", "front", "api", "prometheus", "grafana", "builder"])
 def test_services_drop_every_capability_and_run_read_only(compose, name):
     service = compose["services"][name]
     assert service["cap_drop"] == ["ALL"]
@@ -542,10 +643,20 @@ def test_triton_runs_as_a_user_and_writes_only_tmp_and_dev_shm(triton):
     assert writable == []  # the repository is read-only; /tmp and /dev/shm are tmpfs
 
 
-def test_the_front_runs_as_a_user_and_writes_nothing_but_tmp(front):
-    assert front["user"] == "1000:1000"
-    assert front["tmpfs"] == ["/tmp"]
-    assert [v for v in front["volumes"] if not v.get("read_only")] == []
+@pytest.mark.parametrize("name", ["front", "api"])
+def test_the_front_and_the_gateway_run_as_a_user_and_write_nothing_but_tmp(compose, name):
+    service = compose["services"][name]
+    assert service["user"] == "1000:1000"
+    assert service["tmpfs"] == ["/tmp"]
+    assert [v for v in service["volumes"] if not v.get("read_only")] == []
+
+
+def test_the_gateway_s_limits_are_its_kubernetes_limits(compose):
+    from tools.deploy import manifests
+
+    api = compose["services"]["api"]
+    assert str(api["cpus"]) == manifests.API_LIMITS["cpu"]
+    assert _bytes(api["mem_limit"]) == _bytes(manifests.API_LIMITS["memory"].replace("Mi", "m"))
 
 
 def test_prometheus_writes_only_its_tsdb_volume(compose):

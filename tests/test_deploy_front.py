@@ -10,11 +10,13 @@ entry point of the front) runs in real network namespaces.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 FRONT_SH = ROOT / "docker" / "front.sh"
 RECORDS = Path(__file__).parent / "data" / "artifact"
+COMPOSE_GATEWAY = "api:8080"  # the `api` service of docker-compose.yml, on the compose network
 HAPROXY = shutil.which("haproxy") or next(
     (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)), None)
 needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed "
@@ -87,13 +90,17 @@ def test_compose_and_the_pod_run_the_repositorys_haproxy_cfg_with_one_environmen
     assert Path(pod_config).parent == Path(repository)
     assert _mount_path(front, "repositories") == _mount_path(triton, "repositories")
     assert all(m.get("readOnly") for m in front["volumeMounts"])
-    # one environment: the compose file's is the function's, the pod's is rendered from it
-    assert services["front"]["environment"] == manifests.front_environment() == _env(front)
-    assert set(manifests.front_environment()) == set(haproxy_config.ENV_DEFAULTS) - {"FORGE_GATEWAY"}
+    # one environment: the compose file's is the function's, the pod's is rendered from it; only
+    # the gateway's address differs (compose's `api` service, the pod's gateway Service)
+    gateway = _env(front)["FORGE_GATEWAY"]
+    assert services["front"]["environment"] == manifests.front_environment(COMPOSE_GATEWAY)
+    assert _env(front) == manifests.front_environment(gateway)
+    assert gateway.startswith(f"{manifests.API_NAME}.triton-forge.svc.")
+    assert set(manifests.front_environment(gateway)) == set(haproxy_config.ENV_DEFAULTS)
 
 
 def test_tritonserver_listens_on_loopback_where_the_front_forwards(pod):
-    env = manifests.front_environment()
+    env = manifests.front_environment(COMPOSE_GATEWAY)
     triton, _ = _containers(pod)
     compose_args = [a.replace("${TRITON_ADMIN_KEY:?set TRITON_ADMIN_KEY, see docs/gpu.md}", "k")
                     for a in _compose()["services"]["triton"]["command"][1:]]
@@ -112,7 +119,7 @@ def test_tritonserver_listens_on_loopback_where_the_front_forwards(pod):
 def test_the_supervisor_beside_tritonserver_gets_the_fronts_runtime_api_and_log(pod):
     services = _compose()["services"]
     triton, front = _containers(pod)
-    wanted = {k: manifests.front_environment()[k] for k in manifests.CONTROLLER_ENV}
+    wanted = {k: manifests.front_environment(COMPOSE_GATEWAY)[k] for k in manifests.CONTROLLER_ENV}
 
     for supervisor_env, front_env in ((services["triton"]["environment"],
                                        services["front"]["environment"]),
@@ -135,7 +142,7 @@ def test_the_service_reaches_the_front_and_monitoring_reaches_tritonserver(pod):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # tritonserver itself
         command = triton[probe]["exec"]["command"]
         assert command[command.index("--url") + 1] == (
-            f"http://{manifests.front_environment()['FORGE_TRITON_HTTP']}")
+            f"http://{manifests.front_environment(COMPOSE_GATEWAY)['FORGE_TRITON_HTTP']}")
 
 
 def test_the_front_image_is_pinned_once_by_digest_to_the_2_6_branch():
@@ -168,14 +175,14 @@ def test_haproxy_accepts_the_rendered_config_with_the_compose_and_pod_environmen
     plan = FrontPlan({"text_embedding": 600.0, "image_classification": 250.0},
                      ("image_classification", "text_embedding", "text_tokenizer"))
     haproxy_config.write(plan, tmp_path)
-    env = {"PATH": os.environ.get("PATH", ""), **manifests.front_environment()}
+    env = {"PATH": os.environ.get("PATH", ""), **manifests.front_environment(COMPOSE_GATEWAY)}
 
     result = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / haproxy_config.CONFIG_NAME)],
                             env=env, capture_output=True, text=True, timeout=60)
 
     assert result.returncode == 0, result.stdout + result.stderr
     text = (tmp_path / haproxy_config.CONFIG_NAME).read_text()
-    for name in manifests.front_environment():
+    for name in manifests.front_environment(COMPOSE_GATEWAY):
         assert f"${{{name}-" in text, f"the config no longer reads {name}"
 
 
@@ -288,3 +295,182 @@ def test_the_front_serves_on_without_watching_when_it_starts_with_loopback_alone
 
     assert running
     assert "not watching" in proc.stdout.read()
+
+
+# --- the gateway by name: another container (compose's `api`) or a Service --------------------
+
+# Run in a network and mount namespace of its own (root): a name server on its loopback answers
+# `gateway.test` with the address in a file (none: NXDOMAIN), two stand-in gateways answer on
+# 127.0.0.2 and 127.0.0.3, a stand-in tritonserver on 127.0.0.1, and HAProxy runs the rendered
+# config with FORGE_GATEWAY=gateway.test:8080 and the namespace's resolv.conf naming that server.
+# It prints what /v1/models and /v2/health/ready answered at each step, as JSON.
+GATEWAY_BY_NAME = r'''
+import http.client, http.server, json, os, socket, struct, subprocess, sys, threading, time
+
+here, haproxy = sys.argv[1], sys.argv[2]
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+with open(f"{here}/resolv.conf", "w") as f:
+    f.write("nameserver 127.0.0.1\n")
+subprocess.run(["mount", "--bind", f"{here}/resolv.conf", "/etc/resolv.conf"], check=True)
+answer = {"address": None}
+
+def name_server():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 53))
+    while True:
+        query, peer = sock.recvfrom(4096)
+        end = 12
+        while query[end]:
+            end += query[end] + 1
+        question = query[12:end + 5]
+        labels, i = [], 12
+        while query[i]:
+            labels.append(query[i + 1:i + 1 + query[i]].decode())
+            i += query[i] + 1
+        qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
+        known = ".".join(labels).lower() == "gateway.test" and answer["address"]
+        records = b""
+        if known and qtype == 1:  # A
+            records = struct.pack(">HHHIH", 0xC00C, 1, 1, 1, 4) + socket.inet_aton(answer["address"])
+        flags = 0x8180 if known else 0x8183  # NOERROR or NXDOMAIN
+        sock.sendto(query[:2] + struct.pack(">HHHHH", flags, 1, 1 if records else 0, 0, 0)
+                    + question + records, peer)
+
+def stand_in(address, port, text):
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *args):
+            pass
+    http.server.ThreadingHTTPServer((address, port), Answer).serve_forever()
+
+for target, args in ((name_server, ()), (stand_in, ("127.0.0.1", 18000, "tritonserver")),
+                     (stand_in, ("127.0.0.2", 8080, "gateway one")),
+                     (stand_in, ("127.0.0.3", 8080, "gateway two"))):
+    threading.Thread(target=target, args=args, daemon=True).start()
+env = {"PATH": os.environ["PATH"], "FORGE_FRONT_HTTP": "127.0.0.1:8000",
+       "FORGE_FRONT_GRPC": "127.0.0.1:8001", "FORGE_GATEWAY": "gateway.test:8080"}
+front = subprocess.Popen([haproxy, "-W", "-db", "-f", f"{here}/haproxy.cfg"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+def get(path):
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=5)
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return [response.status, response.read().decode()]
+    except OSError as exc:
+        return [0, type(exc).__name__]
+
+def until(path, text, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = get(path)
+        if text in got[1]:
+            return got
+        time.sleep(0.2)
+    return got
+
+steps = {"started": [until("/v2/health/ready", "tritonserver"), get("/v1/models")]}
+answer["address"] = "127.0.0.2"
+steps["resolves"] = [until("/v1/models", "gateway one"), get("/v2/health/ready")]
+answer["address"] = "127.0.0.3"
+steps["moved"] = [until("/v1/models", "gateway two"), get("/v2/health/ready")]
+answer["address"] = None
+gone = time.monotonic()
+steps["gone"] = [until("/v1/models", "gateway is not running"), get("/v2/health/ready"),
+                 round(time.monotonic() - gone, 1)]
+front.terminate()
+steps["alive"] = front.poll() is None or front.wait(10) == 0
+print(json.dumps(steps))
+'''
+
+
+def _front_env(gateway: str, ports: list[int]) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "FORGE_FRONT_HTTP": f"127.0.0.1:{ports[0]}",
+            "FORGE_FRONT_GRPC": f"127.0.0.1:{ports[1]}", "FORGE_TRITON_HTTP": f"127.0.0.1:{ports[2]}",
+            "FORGE_FRONT_ADMIN": f"ipv4@127.0.0.1:{ports[3]}",
+            "FORGE_FRONT_LOG": f"127.0.0.1:{ports[4]}", "FORGE_GATEWAY": gateway}
+
+
+@needs_haproxy
+def test_the_front_starts_and_serves_triton_while_the_gateway_s_name_does_not_resolve(tmp_path):
+    """Compose starts the front before the `api` container exists: HAProxy must not refuse to
+    start on a gateway name nobody answers yet. /v2/ is served; the API paths answer 503."""
+    import http.server
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from tools.net import free_ports
+
+    haproxy_config.write(FrontPlan({}, ("toy",)), tmp_path)
+    ports = free_ports(5)
+
+    class Triton(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    triton = http.server.ThreadingHTTPServer(("127.0.0.1", ports[2]), Triton)
+    threading.Thread(target=triton.serve_forever, daemon=True).start()
+    front = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(tmp_path / haproxy_config.CONFIG_NAME)],
+                             env=_front_env("no-such-gateway.invalid:8080", ports),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{ports[0]}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                ready = urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5).status
+                break
+            except OSError:
+                assert front.poll() is None, front.stdout.read()
+                assert time.monotonic() < deadline, "the front did not serve within 15 s"
+                time.sleep(0.1)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/v1/models", timeout=5)
+        body = json.loads(refused.value.read())
+    finally:
+        _stop(front)
+        triton.shutdown()
+
+    assert ready == 200
+    assert refused.value.code == 503 and body == {"error": "the OpenAI/TEI gateway is not running"}
+
+
+@needs_haproxy
+@needs_namespaces
+def test_the_front_finds_the_gateway_once_its_name_resolves_and_follows_it_to_a_new_address(tmp_path):
+    """What compose does to the `api` container: it appears after the front started, a restart
+    gives it a new address (measured with Podman), and a stopped one's name stops resolving. The
+    front resolves the name again while it runs: the API paths reach the gateway once the name
+    answers, the new address after it moved, and answer 503 within seconds once the name is
+    gone (not after connect timeouts to the old address); /v2/ is served throughout."""
+    haproxy_config.write(FrontPlan({}, ("toy",)), tmp_path)
+    script = tmp_path / "gateway_by_name.py"
+    script.write_text(GATEWAY_BY_NAME)
+
+    result = subprocess.run(["unshare", "--net", "--mount", sys.executable, str(script),
+                             str(tmp_path), HAPROXY], capture_output=True, text=True, timeout=180)
+
+    assert result.returncode == 0, result.stderr
+    steps = json.loads(result.stdout)
+    (triton, api) = steps["started"]
+    assert triton == [200, "tritonserver"]
+    assert api[0] == 503 and "gateway is not running" in api[1]
+    assert steps["resolves"] == [[200, "gateway one"], [200, "tritonserver"]]
+    assert steps["moved"] == [[200, "gateway two"], [200, "tritonserver"]]
+    refused, triton_after, seconds = steps["gone"]
+    assert refused[0] == 503 and "gateway is not running" in refused[1]
+    assert triton_after == [200, "tritonserver"] and seconds < 10, seconds
+    print(f"the front answered 503 {seconds} s after the gateway's name stopped resolving")

@@ -80,8 +80,12 @@ def test_the_serving_locks_hold_what_the_serving_images_import():
     for name in ("requirements-serve.lock", "requirements-cpu.lock"):
         assert requested <= set(locked(name)), (name, requested - set(locked(name)))
     cpu = locked("requirements-cpu.lock")
-    # The CPU image runs Triton 2.51 behind the HTTP and gRPC guards, on uvloop's event loop.
-    assert "nvidia-pytriton" in cpu and "uvloop" in cpu
+    # The CPU image's Triton 2.51 is the nvidia-pytriton wheel's
+    assert "nvidia-pytriton" in cpu
+    # and both serving images run the OpenAI/TEI gateway (python3 -m tools.api), with uvicorn's
+    # fast parser and event loop
+    for name in ("requirements-serve.lock", "requirements-cpu.lock"):
+        assert {"starlette", "uvicorn", "httptools", "uvloop", "orjson", "click"} <= set(locked(name))
 
 
 def test_the_builder_locks_hold_the_project_s_requirements_and_the_cpu_build_of_torch():

@@ -11,6 +11,12 @@
 - A killed stub: the readiness command fails, then passes again once the supervisor reloaded the
   model, with no container restart.
 - A tampered artifact fails the verify command with the file named.
+- The OpenAI/TEI gateway's own Deployment, played as a second pod: it copies and verifies the
+  artifact as the triton pod does, gets ready on /health, and the front of the triton pod routes
+  /v1/embeddings and /embed to it on the pod's HTTP port while /v2/ stays tritonserver's. Podman
+  has no Services: each pod reaches the other by its pod name (the Service names in the
+  gateway's --url and the front's FORGE_GATEWAY are swapped for them, tests/podman_helpers.py),
+  and the NetworkPolicies are not enforced.
 
 Podman 4.3 runs no readiness probe and runs the liveness probe only as a healthcheck nobody
 triggers here (no systemd), so the tests exec the rendered probe commands in the container and
@@ -26,6 +32,9 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -106,13 +115,30 @@ def record(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pod(record, tmp_path_factory):
+def rendered(record, tmp_path_factory) -> Path:
+    """The artifact render of the CPU images, with the Debian-built front."""
     image, _, front = IMAGES
-    out = tmp_path_factory.mktemp("k8s")
-    render_k8s(ROOT / "repository.yaml", "cpu", out / "k8s", image=image, front_image=front,
+    out = tmp_path_factory.mktemp("k8s") / "k8s"
+    render_k8s(ROOT / "repository.yaml", "cpu", out, image=image, front_image=front,
                artifact=record)
-    deployment = yaml.safe_load((out / "k8s" / "manifests" / "deployment.yaml").read_text())
-    played = Pod(deployment, out / "pod", PODMAN, env=_env(), drop_env=_old_supervisor_env(image))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gateway_name() -> str:
+    """The name the gateway's pod is played under (the triton pod's front needs it first)."""
+    return f"tf-k8s-api-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def pod(rendered, gateway_name, tmp_path_factory):
+    image, _, _ = IMAGES
+    deployment = yaml.safe_load((rendered / "manifests" / "deployment.yaml").read_text())
+    front = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "front")
+    service = next(e["value"] for e in front["env"] if e["name"] == "FORGE_GATEWAY").split(":")[0]
+    played = Pod(deployment, tmp_path_factory.mktemp("pod"), PODMAN, env=_env(),
+                 drop_env=_old_supervisor_env(image), hosts={service: f"{gateway_name}-pod-0"})
     try:
         played.play(timeout=START_TIMEOUT_S)
         played.ready_s = played.wait_ready(START_TIMEOUT_S)
@@ -318,3 +344,72 @@ def test_the_artifact_is_content_addressed(record):
                                         capture_output=True, text=True, timeout=60, check=True).stdout)[0]
     assert inspect["Labels"]["org.triton-forge.manifest.sha256"] == built.manifest_sha256
     assert built.tag.startswith("cpu-") and built.manifest_sha256.startswith(built.tag[4:])
+
+
+
+@pytest.fixture(scope="module")
+def gateway(pod, rendered, gateway_name, tmp_path_factory):
+    """The gateway's Deployment (manifests/api.yaml) played beside the triton pod, ready."""
+    api = next(d for d in yaml.safe_load_all((rendered / "manifests" / "api.yaml").read_text())
+               if d["kind"] == "Deployment")
+    played = Pod(api, tmp_path_factory.mktemp("api"), PODMAN, env=_env(), name=gateway_name,
+                 hosts={manifests.NAME: pod.host})
+    container = f"{played.host}-api"
+    try:
+        played.play_s = played.play(timeout=START_TIMEOUT_S)
+        started = time.monotonic()
+        probe = api["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        url = f"http://127.0.0.1:{played.ports[probe['port']]}{probe['path']}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            assert time.monotonic() < deadline, f"{url} not 200 within 120 s"
+            time.sleep(1)
+        played.ready_s = time.monotonic() - started
+        played.api_container = container
+        yield played
+    except BaseException:
+        print(f"--- {container} log\n{played.logs(container, tail=40)}")
+        print(f"--- {pod.front} log\n{pod.logs(pod.front, tail=30)}")
+        raise
+    finally:
+        played.down()
+
+
+def test_the_front_routes_openai_and_tei_to_the_gateway_pod_and_v2_to_tritonserver(pod, gateway):
+    status, openai = _post(pod.http, "/v1/embeddings",
+                           {"model": "text_embedding", "input": ["a cat", "a dog"]})
+    assert status == 200, openai
+    assert [len(item["embedding"]) for item in openai["data"]] == [384, 384]
+    assert openai["usage"]["prompt_tokens"] > 0
+    host, _, port = pod.http.removeprefix("http://").rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/embed", body=json.dumps({"inputs": ["a cat on a mat"]}),
+                 headers={"Content-Type": "application/json"})
+    embed = conn.getresponse()
+    vectors = json.loads(embed.read())
+    conn.close()
+    assert embed.status == 200 and [len(v) for v in vectors] == [384]
+    status, answer = _post(pod.http, "/v2/models/text_embedding/infer", TEXT)
+    assert status == 200 and answer["outputs"][0]["shape"] == [1, 384]  # Triton's own API
+
+    # the gateway pod: the serving image, read-only root, uid 1000, the artifact verified
+    image, _, _ = IMAGES
+    inspect = json.loads(gateway.run("inspect", gateway.api_container, check=True).stdout)[0]
+    assert inspect["ImageName"].removeprefix("localhost/") == image.removeprefix("localhost/")
+    assert inspect["HostConfig"]["ReadonlyRootfs"] is True
+    assert inspect["Config"]["User"].split(":")[0] == str(manifests.RUN_AS)
+    init = gateway.deployment["spec"]["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["fetch-repository", "verify-repository"]
+    verify = gateway.run("exec", gateway.api_container, *init[1]["command"], check=True)
+    assert "match build_manifest.json" in verify.stdout, verify.stdout + verify.stderr
+    rss = gateway.run("exec", gateway.api_container, "grep", "VmRSS", "/proc/1/status").stdout
+    print(f"gateway pod: kube play {gateway.play_s:.0f} s (artifact copied and verified), ready "
+          f"{gateway.ready_s:.0f} s later; through the front: /v1/embeddings 2 x 384, "
+          f"prompt_tokens {openai['usage']['prompt_tokens']}, /embed 1 x 384; gateway "
+          f"{' '.join(rss.split()[1:]) or 'RSS unknown'}")

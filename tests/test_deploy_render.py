@@ -401,13 +401,20 @@ def test_the_dev_build_refuses_a_spec_whose_files_the_builder_image_lacks(tmp_pa
 # ------------------------------------------------------------------ safe defaults
 
 
-def test_a_network_policy_admits_labelled_clients_and_the_monitoring_namespace_only(tmp_path):
+def test_a_network_policy_admits_labelled_clients_the_gateway_and_the_monitoring_namespace_only(tmp_path):
     artifact_render("cpu", tmp_path / "out", monitoring_namespace="observability")
-    policy = _objects(tmp_path / "out")["NetworkPolicy/triton-forge"]["spec"]
-    clients, monitoring = policy["ingress"]
+    objects = _objects(tmp_path / "out")
+    policy = objects["NetworkPolicy/triton-forge"]["spec"]
+    clients, gateway, monitoring = policy["ingress"]
     assert policy["policyTypes"] == ["Ingress"]
     assert clients["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": manifests.CLIENT_LABEL}}]
     assert {p["port"] for p in clients["ports"]} == {8000, 8001}
+    # the gateway's pods, in this namespace, over HTTP alone (the API calls through the front)
+    api_pods = objects[f"Deployment/{manifests.API_NAME}"]["spec"]["template"]["metadata"]["labels"]
+    (api_selector,) = gateway["from"]
+    assert set(api_selector) == {"podSelector"}
+    assert api_selector["podSelector"]["matchLabels"].items() <= api_pods.items()
+    assert [p["port"] for p in gateway["ports"]] == [8000]
     assert monitoring["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
     assert {p["port"] for p in monitoring["ports"]} == {8002, 8003}
 

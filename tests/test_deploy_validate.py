@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tools.deploy.manifests import API_NAME
 from tools.deploy.render import render_k8s
 
 kubernetes_validate = pytest.importorskip(
@@ -93,6 +94,10 @@ def _validator(schema: dict):
 def test_builtin_objects_are_valid_and_strict_on_kubernetes(documents, version):
     builtin = [d for d in documents if d["kind"] not in CRD_KINDS]
     assert {"Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"} <= {d["kind"] for d in builtin}
+    # the OpenAI/TEI gateway's own objects, its CPU autoscaler included
+    assert {(kind, API_NAME) for kind in ("Deployment", "Service", "HorizontalPodAutoscaler",
+                                          "PodDisruptionBudget", "NetworkPolicy")} <= {
+        (d["kind"], d["metadata"]["name"]) for d in builtin}
     for doc in builtin:
         kubernetes_validate.validate(doc, version, strict=True)
 

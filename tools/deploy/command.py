@@ -68,6 +68,11 @@ def package(repository: Path, image: str, copier_image: str, engine: str | None,
               help="The front's image (HAProxy 2.6 with Lua) [default: the official haproxy "
                    "image pinned by digest; with --dev-build on cpu the Debian-built "
                    "triton-forge/front-cpu:local].")
+@click.option("--api-image",
+              help="The OpenAI/TEI gateway's image [default: the serving image, which carries it].")
+@click.option("--cluster-domain", default="cluster.local", show_default=True,
+              help="The cluster's DNS domain: the front names the gateway's Service by its "
+                   "fully qualified name.")
 @click.option("--image-volume", is_flag=True,
               help="Mount the artifact as a Kubernetes image volume (1.33+, feature gate "
                    "ImageVolume) instead of copying it.")
@@ -96,19 +101,21 @@ def package(repository: Path, image: str, copier_image: str, engine: str | None,
               help="Prometheus the KEDA trigger queries.")
 def k8s(target: str, output: Path, spec_path: Path, artifact: Path | None, dev_build: bool,
         plans_job: bool, gpu_product: str | None, image: str | None, builder_image: str | None,
-        front_image: str | None, image_volume: bool, k8s_version: str, namespace: str, cpu: int | None, gpus: int | None,
+        front_image: str | None, api_image: str | None, cluster_domain: str, image_volume: bool, k8s_version: str, namespace: str, cpu: int | None, gpus: int | None,
         memory_mib: int | None, min_replicas: int, max_replicas: int, autoscaler: str,
         monitor_labels: tuple[str, ...], monitoring_namespace: str, from_tune: Path | None,
         peak_rps: float | None, slo_profile: str | None, prometheus_url: str) -> None:
     """Render Kubernetes manifests: Deployment (Guaranteed QoS, the repository from an artifact),
-    Service, NetworkPolicy, PDB, PodMonitor, PrometheusRule, and one autoscaler.
+    Service, NetworkPolicy, PDB, PodMonitor, PrometheusRule, one autoscaler, and the OpenAI/TEI
+    gateway's own Deployment, Service and HPA behind the front.
 
     \b
     Apply:  kubectl apply -f OUTPUT/manifests    (OUTPUT/README.md: the Secret, the adapter)
     """
     rendered = render_k8s(
         spec_path, target, output, image=image, builder_image=builder_image,
-        front_image=front_image, artifact=artifact,
+        front_image=front_image, api_image=api_image, cluster_domain=cluster_domain,
+        artifact=artifact,
         dev_build=dev_build, plans_job=plans_job, gpu_product=gpu_product,
         image_volume=image_volume, k8s_version=k8s_version, namespace=namespace, cpu=cpu,
         gpus=gpus, memory_mib=memory_mib, min_replicas=min_replicas, max_replicas=max_replicas,

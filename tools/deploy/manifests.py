@@ -2,7 +2,8 @@
 
 Nothing here writes files or YAML: ``render`` does. The server flags come from
 ``tools.serve.server_config.TritonServerConfig``, the one flag list of the project; the front runs
-the ``haproxy.cfg`` ``tools build-repo`` wrote into the repository, with ``front_environment``.
+the ``haproxy.cfg`` ``tools build-repo`` wrote into the repository, with ``front_environment``;
+the OpenAI/TEI gateway is a Deployment of its own behind the front (``api_objects``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ FRONT_CPU = "500m"
 FRONT_MEMORY_MIB = 256  # maxconn 4096 x two 16 KiB buffers = 128 MiB at the most, and room
 TINI = "/usr/bin/tini"  # Debian's and Ubuntu's tini package, in both serving images
 CLIENT_LABEL = {"triton-forge/client": "true"}  # pods allowed to send inferences (NetworkPolicy)
+# The OpenAI/TEI gateway (tools/api): a Deployment and Service of their own, which the front of
+# every triton pod routes the API paths to, scaled on its own CPU by an HPA. Its work is a few
+# hundred microseconds of CPU a request (JSON, tokenizing to count tokens) beside Triton's.
+API_NAME = f"{NAME}-api"
+API_PORT = 8080  # tools.api.command.DEFAULT_PORT
+API_REQUESTS = {"cpu": "250m", "memory": "256Mi"}
+API_LIMITS = {"cpu": "1", "memory": "512Mi"}  # the compose `api` service's cpus and mem_limit
+API_CPU_UTILIZATION = 70  # the HPA's target, percent of the CPU request
+DNS_PORT = 53
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 # Rollouts: a cpu pod surges (a spare node is cheap); a gpu pod replaces one in place, since a
 # surge needs a spare GPU. A gpu pod loads TensorRT engines: give the rollout longer.
 ROLLOUT = {"cpu": {"maxSurge": 1, "maxUnavailable": 0},
@@ -152,6 +163,10 @@ class Deployment:
         capacity: The measured capacity (``--from-tune``), or None.
         prometheus_url: Prometheus the KEDA trigger queries.
         front_image: The front's image (HAProxy 2.6 with Lua).
+        api_image: The OpenAI/TEI gateway's image (empty: the serving image).
+        cluster_domain: The cluster's DNS domain (the gateway Service's name in the front).
+        python_models: The target's Python-backend models (tokenizers, label steps): what a
+            dev-build gateway pod builds for itself.
     """
 
     target: str
@@ -174,6 +189,20 @@ class Deployment:
     capacity: Capacity | None = None
     prometheus_url: str = ""
     front_image: str = FRONT_IMAGE
+    api_image: str = ""
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
+    python_models: tuple[str, ...] = ()
+
+    @property
+    def gateway_image(self) -> str:
+        """The gateway's image: ``api_image``, else the serving image (which carries it)."""
+        return self.api_image or self.image
+
+    @property
+    def gateway_address(self) -> str:
+        """``host:port`` of the gateway's Service as the front reaches it: the fully qualified
+        name, since HAProxy looks it up again while it runs without the pod's search domains."""
+        return f"{API_NAME}.{self.namespace}.svc.{self.cluster_domain}:{API_PORT}"
 
     @property
     def repository(self) -> str:
@@ -215,14 +244,16 @@ def _meta(d: Deployment, name: str = NAME, extra: dict[str, str] | None = None) 
     return {"name": name, "namespace": d.namespace, "labels": {**labels(d), **(extra or {})}}
 
 
-def front_environment() -> dict[str, str]:
+def front_environment(gateway: str) -> dict[str, str]:
     """The front's ``FORGE_*`` environment in the pod and in the compose stack (tests compare
     docker-compose.yml's with it): its public ports on every interface of the network namespace
     it shares with tritonserver; tritonserver, the runtime API and the admission controller's log
-    on that namespace's loopback (``haproxy_config.ENV_DEFAULTS``). No OpenAI/TEI gateway."""
-    env = {k: v for k, v in haproxy_config.ENV_DEFAULTS.items() if k != "FORGE_GATEWAY"}
+    on that namespace's loopback (``haproxy_config.ENV_DEFAULTS``); the OpenAI/TEI gateway at
+    ``gateway`` (``host:port``: compose's ``api:8080``, the pod's ``Deployment.gateway_address``)."""
+    env = dict(haproxy_config.ENV_DEFAULTS)
     env["FORGE_FRONT_HTTP"] = f"0.0.0.0:{HTTP_PORT}"
     env["FORGE_FRONT_GRPC"] = f"0.0.0.0:{GRPC_PORT}"
+    env["FORGE_GATEWAY"] = gateway
     return env
 
 
@@ -301,6 +332,10 @@ _CONTAINER_SECURITY = {
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
+_POD_SECURITY = {
+    "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def _builder(d: Deployment, output: str) -> dict[str, Any]:
@@ -364,6 +399,14 @@ def _init_containers(d: Deployment) -> list[dict[str, Any]]:
     return [fetch, _verifier(d)]
 
 
+def _build_volumes(d: Deployment) -> list[dict[str, Any]]:
+    """What the dev-build's builder init container reads besides the repository and /tmp."""
+    if d.source != "dev-build":
+        return []
+    return [{"name": "spec", "configMap": {"name": d.spec_configmap}},
+            {"name": "build-cache", "emptyDir": {"sizeLimit": "4Gi"}}]
+
+
 def _repository_volume(d: Deployment, weights_mib: int) -> dict[str, Any]:
     if d.source == "artifact" and d.image_volume:
         return {"name": "repositories",
@@ -387,7 +430,7 @@ def front(d: Deployment) -> dict[str, Any]:
         "name": "front",
         "image": d.front_image,
         "command": front_command(d.repository),
-        "env": [{"name": k, "value": v} for k, v in front_environment().items()],
+        "env": [{"name": k, "value": v} for k, v in front_environment(d.gateway_address).items()],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -434,7 +477,7 @@ def deployment(d: Deployment) -> dict[str, Any]:
             {"name": "HOME", "value": "/tmp"},
             # The front's admission controller runs in the supervisor: the front's runtime API
             # and the log it sends, on the loopback the containers share.
-            *({"name": k, "value": v} for k, v in front_environment().items()
+            *({"name": k, "value": v} for k, v in front_environment(d.gateway_address).items()
               if k in CONTROLLER_ENV),
         ],
         # tritonserver's HTTP and gRPC listen on the loopback only, behind the front
@@ -462,20 +505,13 @@ def deployment(d: Deployment) -> dict[str, Any]:
         _repository_volume(d, repository_size_mib(d)),
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_mib}Mi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        *_build_volumes(d),
     ]
-    if d.source == "dev-build":
-        volumes += [
-            {"name": "spec", "configMap": {"name": d.spec_configmap}},
-            {"name": "build-cache", "emptyDir": {"sizeLimit": "4Gi"}},
-        ]
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
-        "securityContext": {
-            "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _POD_SECURITY,
         "initContainers": _init_containers(d),
         "containers": [triton, front(d)],
         "topologySpreadConstraints": [
@@ -526,10 +562,7 @@ def plans_job(d: Deployment) -> list[dict[str, Any]]:
         "restartPolicy": "OnFailure",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _POD_SECURITY,
         "nodeSelector": {GPU_PRODUCT_LABEL: d.gpu_product or ""},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [builder],
@@ -552,8 +585,9 @@ def plans_job(d: Deployment) -> list[dict[str, Any]]:
 
 
 def network_policy(d: Deployment) -> dict[str, Any]:
-    """Inference ports from labelled client pods only; metrics ports from the monitoring
-    namespace only. Everything else into the pods is dropped."""
+    """Inference ports from labelled client pods only, and HTTP from the gateway's pods (it calls
+    the pipelines through the front); metrics ports from the monitoring namespace only.
+    Everything else into the pods is dropped."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -565,6 +599,8 @@ def network_policy(d: Deployment) -> dict[str, Any]:
                 {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
                  "ports": [{"protocol": "TCP", "port": HTTP_PORT},
                            {"protocol": "TCP", "port": GRPC_PORT}]},
+                {"from": [{"podSelector": {"matchLabels": api_selector(d)}}],
+                 "ports": [{"protocol": "TCP", "port": HTTP_PORT}]},
                 {"from": [{"namespaceSelector": {"matchLabels": {
                     "kubernetes.io/metadata.name": d.monitoring_namespace}}}],
                  "ports": [{"protocol": "TCP", "port": METRICS_PORT},
@@ -733,3 +769,168 @@ def scaled_object(d: Deployment) -> dict[str, Any]:
             "triggers": triggers,
         },
     }
+
+
+# ------------------------------------------------------------------ the OpenAI/TEI gateway
+
+
+def api_labels(d: Deployment) -> dict[str, str]:
+    """The gateway's labels: the deployment's, with its own component."""
+    return {**labels(d), "app.kubernetes.io/component": "api"}
+
+
+def api_selector(d: Deployment) -> dict[str, str]:
+    """The gateway pods' selector (never the triton pods': the component differs)."""
+    return {k: v for k, v in api_labels(d).items() if k != "app.kubernetes.io/part-of"}
+
+
+def api_command(d: Deployment) -> list[str]:
+    """``python3 -m tools.api`` calling the triton Service's HTTP port (the front, so each
+    pipeline's SLO admission applies to API traffic too), on the repository in the pod."""
+    return ["python3", "-m", "tools.api", "--url", f"{NAME}:{HTTP_PORT}",
+            "--repository", d.repository, "--host", "0.0.0.0", "--port", str(API_PORT)]
+
+
+def _api_init_containers(d: Deployment) -> list[dict[str, Any]]:
+    """The repository as the triton pods get it (copied artifact and verified, image volume or
+    claim verified), but for --dev-build: the gateway reads only the Python models' files
+    (tokenizers, labels), so it builds those alone (about a second, under 100 MB measured)."""
+    if d.source != "dev-build":
+        return _init_containers(d)
+    builder = _builder(d, d.repository)
+    for name in d.python_models:
+        builder["command"] += ["--only", name]
+    builder["resources"] = _resources(1, VERIFY_MEMORY_MIB, 0)
+    return [builder]
+
+
+def api_deployment(d: Deployment) -> dict[str, Any]:
+    """The gateway's Deployment: non-root, read-only root, ready once Triton and every pipeline
+    answer through the front (``/health``), alive while it accepts connections. Burstable: it
+    requests a quarter core and may use one, so the HPA's CPU target has room above it."""
+    container = {
+        "name": "api",
+        "image": d.gateway_image,
+        "command": api_command(d),
+        "workingDir": PROJECT,  # where the serving image keeps tools/
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [{"name": "http", "containerPort": API_PORT, "protocol": "TCP"}],
+        "resources": {"requests": dict(API_REQUESTS), "limits": dict(API_LIMITS)},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                           "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
+        # Serve while the endpoint removal reaches every front, then SIGTERM: uvicorn stops
+        # accepting and finishes what it holds (Triton gives a request as long).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_S)]}}},
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [_repository_mount(d), {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    pod_spec = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": PRE_STOP_SLEEP_S + EXIT_TIMEOUT_S,
+        "securityContext": _POD_SECURITY,
+        "initContainers": _api_init_containers(d),
+        "containers": [container],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": api_selector(d)},
+             "matchLabelKeys": ["pod-template-hash"]}
+            for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
+        ],
+        # No GPU and no node selector: the gateway runs on any node.
+        "volumes": [
+            _repository_volume(d, repository_size_mib(d)),
+            {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            *_build_volumes(d),
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(d, API_NAME, api_labels(d)),
+        "spec": {
+            # No `replicas`: its HPA owns it.
+            "selector": {"matchLabels": api_selector(d)},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "minReadySeconds": 5,
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_S[d.target],
+            "revisionHistoryLimit": 5,
+            "template": {"metadata": {"labels": api_labels(d)}, "spec": pod_spec},
+        },
+    }
+
+
+def api_service(d: Deployment) -> dict[str, Any]:
+    """The gateway's ClusterIP Service, which the front of every triton pod forwards to."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(d, API_NAME, api_labels(d)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": api_selector(d),
+            "ports": [{"name": "http", "port": API_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def api_autoscaler(d: Deployment) -> dict[str, Any]:
+    """autoscaling/v2 HPA on the gateway's own CPU (the metrics server's, no adapter), within
+    the deployment's replica bounds."""
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(d, API_NAME, api_labels(d)),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": API_NAME},
+            "minReplicas": d.min_replicas,
+            "maxReplicas": d.max_replicas,
+            "metrics": [{"type": "Resource", "resource": {
+                "name": "cpu",
+                "target": {"type": "Utilization", "averageUtilization": API_CPU_UTILIZATION},
+            }}],
+            "behavior": _scaling_behavior(),
+        },
+    }
+
+
+def api_disruption_budget(d: Deployment) -> dict[str, Any]:
+    """At most one gateway pod down for a voluntary disruption."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(d, API_NAME, api_labels(d)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": api_selector(d)},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+
+
+def api_network_policy(d: Deployment) -> dict[str, Any]:
+    """Into the gateway: its port from the triton pods' fronts only. Out of it: the triton pods'
+    HTTP port (the front) and DNS, nothing else."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(d, API_NAME, api_labels(d)),
+        "spec": {
+            "podSelector": {"matchLabels": api_selector(d)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": selector(d)}}],
+                         "ports": [{"protocol": "TCP", "port": API_PORT}]}],
+            "egress": [
+                {"to": [{"podSelector": {"matchLabels": selector(d)}}],
+                 "ports": [{"protocol": "TCP", "port": HTTP_PORT}]},
+                {"ports": [{"protocol": "UDP", "port": DNS_PORT},
+                           {"protocol": "TCP", "port": DNS_PORT}]},
+            ],
+        },
+    }
+
+
+def api_objects(d: Deployment) -> list[dict[str, Any]]:
+    """Every object of the gateway: Deployment, Service, HPA, PDB, NetworkPolicy."""
+    return [api_deployment(d), api_service(d), api_autoscaler(d), api_disruption_budget(d),
+            api_network_policy(d)]

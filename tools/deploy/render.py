@@ -77,6 +77,8 @@ def files_of(d: manifests.Deployment, objectives: tuple[promql.Objective, ...]) 
         "manifests/networkpolicy.yaml": manifests.network_policy(d),
         "manifests/poddisruptionbudget.yaml": manifests.pod_disruption_budget(d),
         "manifests/podmonitor.yaml": manifests.pod_monitor(d),
+        # The OpenAI/TEI gateway: its Deployment, Service, HPA, PDB and NetworkPolicy.
+        "manifests/api.yaml": manifests.api_objects(d),
         "manifests/prometheusrule.yaml": manifests.prometheus_rule(d, objectives),
         # Not Kubernetes objects: a plain Prometheus rule file (promtool test rules).
         "prometheus/rules.yaml": promql.rule_file(objectives, d.namespace,
@@ -155,6 +157,19 @@ def readme(d: manifests.Deployment, paths: list[str]) -> str:
         f"{manifests.GRPC_PORT} and runs the `haproxy.cfg` `tools build-repo` wrote into the "
         "repository; tritonserver listens on the pod's loopback behind it.",
         "",
+        "## The OpenAI/TEI gateway",
+        "",
+        f"`{manifests.API_NAME}` (manifests/api.yaml, image `{d.gateway_image}`): OpenAI's "
+        "/v1/embeddings and TEI's /embed, /rerank, /predict on port "
+        f"{manifests.HTTP_PORT} of the `{manifests.NAME}` Service, where each pod's front routes "
+        f"those paths to the gateway's Service (`{d.gateway_address}`); /v2/ stays Triton's. "
+        f"It calls the pipelines through `{manifests.NAME}:{manifests.HTTP_PORT}`, so their "
+        "admission applies to it too. Requests "
+        f"{manifests.API_REQUESTS['cpu']} CPU / {manifests.API_REQUESTS['memory']}, limits "
+        f"{manifests.API_LIMITS['cpu']} CPU / {manifests.API_LIMITS['memory']}; its own HPA "
+        f"scales it at {manifests.API_CPU_UTILIZATION}% of the CPU request, "
+        f"{d.min_replicas}-{d.max_replicas} replicas (the metrics server's CPU, no adapter).",
+        "",
     ]
     if d.capacity:
         lines += ["## Capacity from measurement (--from-tune)", "", *[f"- {x}" for x in d.capacity.lines], ""]
@@ -204,6 +219,7 @@ def _version(text: str) -> tuple[int, int]:
     return major, minor
 
 
+DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 IMAGE_VOLUME_SINCE = (1, 33)  # image volumes are beta (feature gate ImageVolume) from 1.33
 
 
@@ -257,6 +273,8 @@ def render_k8s(
     image: str | None = None,
     builder_image: str | None = None,
     front_image: str | None = None,
+    api_image: str | None = None,
+    cluster_domain: str = manifests.DEFAULT_CLUSTER_DOMAIN,
     artifact: Path | None = None,
     dev_build: bool = False,
     plans_job: bool = False,
@@ -287,6 +305,10 @@ def render_k8s(
         builder_image: Builder image of the same family (``dev_build``, ``plans_job``).
         front_image: The front's image (HAProxy 2.6 with Lua) [default: the official image
             ``manifests.FRONT_IMAGE``; with ``dev_build`` ``DEV_FRONT_IMAGES``].
+        api_image: The OpenAI/TEI gateway's image [default: the serving image, which carries
+            it].
+        cluster_domain: The cluster's DNS domain: the front names the gateway's Service by its
+            fully qualified name.
         artifact: The record ``tools deploy package`` wrote: the pods copy (or mount) that
             artifact and build nothing.
         dev_build: Build the repository in the pod (development mode).
@@ -351,6 +373,9 @@ def render_k8s(
                 f"gate ImageVolume, from 1.33; --k8s-version says which the cluster runs); "
                 "leave it out to copy the artifact with an init container")
     _version(k8s_version)
+    if not DOMAIN.fullmatch(cluster_domain):
+        raise UserInputError(f"--cluster-domain {cluster_domain!r}: give the cluster's DNS domain, "
+                             "e.g. cluster.local")
     output = Path(output).absolute()
     _check_output(output)
     spec = load_spec(spec_path)
@@ -388,6 +413,8 @@ def render_k8s(
         prometheus_url=prometheus_url,
         front_image=front_image or (manifests.DEV_FRONT_IMAGES[target] if dev_build
                                     else manifests.FRONT_IMAGE),
+        api_image=api_image or "", cluster_domain=cluster_domain,
+        python_models=tuple(m.name for m in spec.for_target(target).python_models),
     )
     files = files_of(deployment, objectives)
     files[MARKER] = "".join(f"{p}\n" for p in sorted(files))

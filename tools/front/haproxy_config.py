@@ -11,7 +11,8 @@ each with a default, so one file fits a laptop, a compose stack and a pod::
     FORGE_TRITON_GRPC   tritonserver's gRPC     127.0.0.1:18001
     FORGE_FRONT_ADMIN   runtime API socket      ipv4@127.0.0.1:18404
     FORGE_FRONT_LOG     the controller's log    127.0.0.1:18405 (UDP)
-    FORGE_GATEWAY       the OpenAI/TEI gateway  127.0.0.1:18080
+    FORGE_GATEWAY       the OpenAI/TEI gateway  127.0.0.1:18080 (or a host name, looked up
+                        again while HAProxy runs: compose's `api`, a Service's FQDN)
 
 What it does, in order (docs/serving.md has the why of each rule):
 
@@ -104,6 +105,16 @@ def render(plan: FrontPlan) -> str:
         f"    log {_env('FORGE_FRONT_LOG')} len 256 format raw local0 info",
         "    maxconn 4096",
         "",
+    ]
+    if plan.gateway_paths:
+        # The gateway may be another container or a Service (FORGE_GATEWAY a host name): HAProxy
+        # starts without it (the server stays down, 503, until the name resolves) and follows a
+        # new address when the gateway restarts, from the system's name servers (none: a warning).
+        # A name that stops resolving (a stopped container) takes the server down within a
+        # second or two, so its paths answer 503 at once instead of after connect timeouts to
+        # the old address.
+        lines += ["resolvers dns", "    parse-resolv-conf", "    hold nx 1s", ""]
+    lines += [
         "defaults",
         "    mode http",
         "    log global",
@@ -240,7 +251,7 @@ def render(plan: FrontPlan) -> str:
         lines += ["", "backend gateway",
                   f"    http-error status 503 content-type application/json string "
                   f"{_json('the OpenAI/TEI gateway is not running')}",
-                  f"    server gateway {_env('FORGE_GATEWAY')}"]
+                  f"    server gateway {_env('FORGE_GATEWAY')} resolvers dns init-addr libc,none"]
     return "\n".join(lines) + "\n"
 
 
