@@ -252,7 +252,7 @@ def test_bench_writes_table_json_and_plot_when_run_against_a_server(triton_serve
     assert report["served"][0]["compute_model"] == "minilm_encoder"
     assert (out / "bench.png").stat().st_size > 10_000
     assert "best served / limit" in result.output
-    assert "side by side (HTTP as the given server serves it" in result.output
+    assert "side by side (as the given server serves it;" in result.output
 
 
 def test_format_table_puts_each_pipeline_against_its_own_limit_and_compares_them():

@@ -9,6 +9,7 @@ benchmarks/overload.py into docs/performance.md.
 from __future__ import annotations
 
 import json
+import select
 import shutil
 import socket
 import threading
@@ -81,13 +82,26 @@ def _server_rss(server) -> int:
 
 
 def _post(url: str, body: bytes, timeout_s: float = 60.0) -> tuple[int, str]:
-    """One HTTP request on its own connection: (status, error message)."""
+    """One HTTP request on its own connection: (status, error message).
+
+    The body is sent only while no answer has come: a front that refuses on the head answers
+    and closes with the body unread, and a client still writing then draws a reset that can
+    discard the answer it had not read yet (curl stops sending on an early answer too).
+    """
     host, _, port = url.rpartition(":")
+    head, sep, payload = body.partition(b"\r\n\r\n")
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-        try:
-            sock.sendall(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused before the body was read: the answer is waiting to be read
+        sock.sendall(head + sep)
+        view, sent, deadline = memoryview(payload), 0, time.monotonic() + timeout_s
+        while sent < len(view) and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock], [], 1.0)
+            if readable:
+                break  # answered before the body was read
+            if writable:
+                try:
+                    sent += sock.send(view[sent:sent + 65536])
+                except (BrokenPipeError, ConnectionResetError):
+                    break  # refused before the body was read: the answer is waiting
         reply = b""
         while b"\r\n\r\n" not in reply:
             chunk = sock.recv(65536)
@@ -95,6 +109,7 @@ def _post(url: str, body: bytes, timeout_s: float = 60.0) -> tuple[int, str]:
                 break
             reply += chunk
         head, _, rest = reply.partition(b"\r\n\r\n")
+        assert head, f"no answer after {sent} of {len(view)} body bytes"
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length")), 0)
         while len(rest) < length:
