@@ -1,14 +1,13 @@
-"""C sources of this toolkit compiled on first use: the C open loop (``tools/load/open_loop.c``)
-and the HTTP guard's native front (``tools/serve/http_front.c``).
+"""C sources of this toolkit compiled on first use: the C open loop (``tools/load/open_loop.c``),
+the load generator of ``tools bench`` and the overload runs.
 
 Each is compiled with the machine's C compiler (``cc``, else ``gcc``) into a cache keyed by the
 source's hash (``$XDG_CACHE_HOME/triton-forge``), so an edited source is compiled again and a
-concurrent first use finds either no binary or a whole one. Standard library only: the HTTP guard
-imports it.
+concurrent first use finds either no binary or a whole one. No C source of this toolkit parses
+requests: the front that takes traffic is HAProxy (``tools/front``).
 
-Where no compiler will be at run time (the CPU image), the binary is made beforehand, statically
-linked, with the same flags: ``python -m tools.native_build SOURCE --static --output PATH``
-(scripts/compose-images.sh does this for the HTTP guard's front).
+Where no compiler will be at run time, the binary can be made beforehand, statically linked,
+with the same flags: ``python -m tools.native_build SOURCE --static --output PATH``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Loopback ports: is one taken, which are free, does one accept connections yet.
 
-Every server this project starts (tritonserver, its guards, Locust, the servers compared) binds
+Every server this project starts (tritonserver, its front, Locust, the servers compared) binds
 127.0.0.1 on ports chosen here.
 """
 

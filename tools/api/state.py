@@ -12,7 +12,7 @@ from tools.api.pipelines import Pipeline
 from tools.api.triton import TritonBackend
 from tools.errors import ApiModelNotFound, ApiUnavailable
 
-MAX_BODY_BYTES = 16 * 1024 * 1024  # as the HTTP guard's and Triton's --http-max-input-size
+MAX_BODY_BYTES = 16 * 1024 * 1024  # as the front's body limit and Triton's --http-max-input-size
 OPENAI_MAX_INPUTS = 2048  # OpenAI's own limit on the inputs of one request
 TEI_MAX_INPUTS = 32  # TEI's default --max-client-batch-size
 

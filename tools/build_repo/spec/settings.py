@@ -64,9 +64,9 @@ class DynamicBatchingSpec:
         "batch while every instance is busy and an instance that finishes starts it at once "
         "(with a policy it waits for the next request to arrive). The queue length is then bound "
         "by a pipeline step's queue gate (`admission_models`), which must name the model, and "
-        "the guards of `tools serve` admit its direct calls by its P99 objective. On the gpu "
-        "target (no guard) a model with a P99 objective in the SLO file gets a queue policy "
-        "with that timeout instead.",
+        "the front's admission caps its direct calls by its P99 objective. On the gpu target a "
+        "model with a P99 objective in the SLO file also gets a queue policy with that "
+        "timeout.",
     )
 
 
