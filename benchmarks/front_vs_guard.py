@@ -7,7 +7,8 @@ worktree of fdc1fac, the last commit that had them). In each arm: HTTP and gRPC 
 text_embedding at c=32 (tritonclient asyncio clients, the shipped texts), then overload: capacity
 in a closed loop of 32 users on tritonserver's own port, an open loop at 4x it on the public
 port (the C open-loop sender), goodput and accepted P99. Prints a row per arm and round, with
-the load generator's own CPU.
+the cores tritonserver (and its stubs), the front or the guards (``tools serve``'s processes
+outside tritonserver) and the load generator used during the 4x point.
 
     python benchmarks/front_vs_guard.py --repository model_repository \\
         --guard-checkout /path/to/a/checkout/at/fdc1fac --rounds 3
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tools import net, paths  # noqa: E402
 from tools.bench.served import measure_served  # noqa: E402
-from tools.serve.overload import overload_run, scenario_bodies  # noqa: E402
+from tools.serve.overload import run_point, scenario_bodies  # noqa: E402
 
 MODEL = "text_embedding"
 ARMS = ("none", "front", "guard")
@@ -71,6 +72,27 @@ def _triton_pid(serve: subprocess.Popen) -> int:
     raise SystemExit("no tritonserver under tools serve")
 
 
+def _side_cpu_s(serve_pid: int, triton_pid: int) -> float:
+    """CPU seconds so far of ``tools serve`` and its processes outside tritonserver's tree: the
+    front (HAProxy and its controller) or the guards (in ``tools serve``), and the idle rest."""
+    import psutil
+
+    try:
+        serve = psutil.Process(serve_pid)
+        inside = {triton_pid, *(c.pid for c in psutil.Process(triton_pid).children(recursive=True))}
+        tree = [serve, *(c for c in serve.children(recursive=True) if c.pid not in inside)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for proc in tree:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
@@ -90,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {MODEL}, c=32, "
           f"overload at 4x", flush=True)
     print("| round | arm | HTTP req/s c=32 | gRPC req/s c=32 | capacity req/s | 4x accepted req/s "
-          "| goodput | accepted P99 ms | refused | load generator cores |")
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          "| goodput | accepted P99 ms | refused | tritonserver cores | front or guard cores "
+          "| load generator cores |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for round_index in range(args.rounds):
         order = arms[round_index % len(arms):] + arms[:round_index % len(arms)]
         for arm in order:
@@ -104,13 +127,20 @@ def main(argv: list[str] | None = None) -> int:
                 grpc = measure_served("grpc", found["grpc"], found["own_http"], texts, 32,
                                       warmup_s=args.warmup, duration_s=args.duration)
                 time.sleep(2)
-                run = overload_run(found["http"], found["own_http"], MODEL, bodies, pid, [MODEL],
-                                   [4.0], users=32, duration_s=12, warmup_s=3)
-                over = run.points[0]
+                capacity = run_point(found["own_http"], MODEL, bodies, pid, [MODEL], "capacity",
+                                     users=32, duration_s=12, warmup_s=3)
+                time.sleep(2)  # what the capacity point left queued drains
+                side, began = _side_cpu_s(serve.pid, pid), time.monotonic()
+                over = run_point(found["http"], MODEL, bodies, pid, [MODEL], "4x",
+                                 rate=4 * capacity.accepted_rps, duration_s=12, warmup_s=3)
+                side = (_side_cpu_s(serve.pid, pid) - side) / (time.monotonic() - began)
+                server = sum(v for k, v in over.cores.items()
+                             if k == "tritonserver" or k.startswith("stubs "))
+                goodput = over.accepted_rps / max(capacity.accepted_rps, 1e-9)
                 print(f"| {round_index + 1} | {arm} | {http.throughput:.1f} | {grpc.throughput:.1f} "
-                      f"| {run.capacity.accepted_rps:.1f} | {over.accepted_rps:.1f} | "
-                      f"{run.goodput(over):.2f} | {over.p99_ms or 0:.0f} | "
-                      f"{sum(over.refused.values())} | "
+                      f"| {capacity.accepted_rps:.1f} | {over.accepted_rps:.1f} | "
+                      f"{goodput:.2f} | {over.p99_ms or 0:.0f} | "
+                      f"{sum(over.refused.values())} | {server:.2f} | {side:.2f} | "
                       f"{over.cores.get('load generator', 0.0):.2f} |", flush=True)
             finally:
                 serve.send_signal(signal.SIGINT)
