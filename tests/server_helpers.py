@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 
@@ -34,3 +35,22 @@ def copy_serving_stage(destination: Path) -> Path:
             else:
                 shutil.copy(root / relative, destination / relative)
     return destination
+
+
+def slow_bodies(http_url: str, count: int, promised: int) -> list[socket.socket]:
+    """``count`` connections to ``http_url``, each sending an inference request's head that
+    promises a ``promised``-byte body, then only 10 bytes of it (a slow client). The caller
+    closes them."""
+    host, _, port = http_url.rpartition(":")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            held.append(sock)
+            sock.sendall(b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: %d\r\n\r\n" % promised + b"{" * 10)
+    except OSError:
+        for sock in held:
+            sock.close()
+        raise
+    return held

@@ -28,6 +28,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from server_helpers import slow_bodies
 from tools.front import admission
 from tools.front.plan import Limits
 from tools.serve.server import EmbeddedServer
@@ -209,14 +210,8 @@ def test_a_json_shape_that_aborts_triton_251_is_refused_and_the_server_keeps_ser
 
 
 def test_slow_clients_holding_connections_do_not_stop_others_being_served(fronted):
-    host, _, port = fronted.http_url.rpartition(":")
-    slow = []
+    slow = slow_bodies(fronted.http_url, 64, 100_000)
     try:
-        for _ in range(64):  # each promises a 100 KB body and sends 10 bytes of it
-            sock = socket.create_connection((host, int(port)), timeout=5)
-            sock.sendall(b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Length: 100000\r\n\r\n" + b"{" * 10)
-            slow.append(sock)
         answers = [_infer_ok(fronted.http_url) for _ in range(20)]
         # the front waits for a slow body at most request_timeout_s, then answers 408
         slow[0].settimeout(LIMITS.request_timeout_s + 5)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from server_helpers import slow_bodies
 from tools import paths, process
 from tools.build_repo.admission import objectives
 from tools.build_repo.spec import load_spec
@@ -333,14 +334,8 @@ def test_slow_clients_holding_connections_do_not_stop_others_being_served(
     server_factory, repository
 ):
     server = server_factory(repository, front=Limits())
-    host, _, port = server.http_url.rpartition(":")
-    slow = []
+    slow = slow_bodies(server.http_url, 64, 1_000_000)
     try:
-        for _ in range(64):  # each promises a 1 MB body and sends 10 bytes of it
-            sock = socket.create_connection((host, int(port)), timeout=5)
-            sock.sendall(b"POST /v2/models/toy_double/infer HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Length: 1000000\r\n\r\n" + b"{" * 10)
-            slow.append(sock)
         load = faults.HttpLoad(server.http_url, "toy_double", [_double()], timeout_s=5)
         start = time.monotonic()
         load.run(users=4, duration_s=3)
