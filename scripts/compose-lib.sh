@@ -81,3 +81,11 @@ tf_service_ids() {
   "$ENGINE" ps -aq --filter "label=com.docker.compose.project=$TF_PROJECT" \
     --filter "label=com.docker.compose.service=$1"
 }
+
+# Whether a container's log holds PATTERN. The log is read whole first: `logs | grep -q` under
+# pipefail fails with SIGPIPE (141) when grep stops at an early match of a long log.
+tf_log_has() {
+  local text
+  text="$(tf_engine logs "$1" 2>&1 || true)"
+  grep -q -- "$2" <<<"$text"
+}

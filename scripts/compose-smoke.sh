@@ -52,7 +52,7 @@ check_ports() {
   for port in "${PORTS[@]}"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       local who=""
-      command -v ss >/dev/null && who="$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'users:(("[^"]*"' | head -1 | cut -d'"' -f2 || true)"
+      command -v ss >/dev/null && who="$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'users:(("[^"]*"' | sed -n 1p | cut -d'"' -f2 || true)"
       tf_die "port 127.0.0.1:$port is already in use${who:+ by $who}: stop it, or run '$0 down' if it is this stack"
     fi
   done
@@ -163,8 +163,8 @@ up() {
   tf_log "starting triton, the front, the gateway and prometheus ($(elapsed))"
   TF_ENGINE_TIMEOUT=300 tf_compose up -d --no-deps triton front api prometheus >&2
   local id front api
-  id="$(tf_service_ids triton | head -1)"; front="$(tf_service_ids front | head -1)"
-  api="$(tf_service_ids api | head -1)"
+  id="$(tf_service_ids triton | sed -n 1p)"; front="$(tf_service_ids front | sed -n 1p)"
+  api="$(tf_service_ids api | sed -n 1p)"
   [ -n "$id" ] || tf_die "compose started no triton container"
   [ -n "$front" ] || tf_die "compose started no front container"
   [ -n "$api" ] || tf_die "compose started no api container"
@@ -284,7 +284,7 @@ api_routes() {
   # /v2/, and once it is back the front has found it again by name.
   api_answers "through the front"
   local api before after stopped found
-  api="$(tf_service_ids api | head -1)"
+  api="$(tf_service_ids api | sed -n 1p)"
   tf_log "api container: $("$ENGINE" stats --no-stream --format '{{.MemUsage}} memory, {{.CPUPerc}} CPU' "$api" 2>/dev/null || echo 'no stats')"
   before="$("$ENGINE" inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$api")"
   tf_engine stop -t 15 "$api" >/dev/null
@@ -303,9 +303,9 @@ api_routes() {
 stub_kill() {
   # A dead Python stub: the watchdog reloads that model alone, and the container keeps running.
   local id pid deadline restarts
-  id="$(tf_service_ids triton | head -1)"
+  id="$(tf_service_ids triton | sed -n 1p)"
   deadline=$((SECONDS + 60))
-  until tf_engine logs "$id" 2>&1 | grep -q "per-model recovery on"; do
+  until tf_log_has "$id" "per-model recovery on"; do
     [ $SECONDS -lt $deadline ] || tf_die "the watchdog did not turn per-model recovery on within 60 s: $(tf_engine logs "$id" 2>&1 | grep triton_supervisor | tail -3)"
     sleep 1
   done
@@ -322,7 +322,7 @@ for p in filter(str.isdigit, os.listdir('/proc')):
   local killed=$SECONDS
   deadline=$((SECONDS + 30))
   until timeout 20 .venv/bin/tools infer text_embedding --text "after the kill" --json >/dev/null 2>&1 \
-      && tf_engine logs "$id" 2>&1 | grep -q "reloaded model 'text_tokenizer'"; do
+      && tf_log_has "$id" "reloaded model 'text_tokenizer'"; do
     [ $SECONDS -lt $deadline ] || tf_die "text_embedding did not answer again within 30 s of killing its tokenizer's stub (triton log: $ENGINE logs $id)"
     sleep 1
   done
@@ -350,7 +350,7 @@ admission_refusal() {
   # Each text fills the encoder's 256 tokens, so the burst is more than a CPU answers within the
   # 600 ms objective (short texts: 96 clients at ~360 req/s were within it, and rightly admitted).
   local id caps
-  id="$(tf_service_ids triton | head -1)"
+  id="$(tf_service_ids triton | sed -n 1p)"
   # (grep reads the whole log: with -q it stops early, and pipefail sees the writer's SIGPIPE)
   tf_engine logs "$id" 2>&1 | grep "front admission on" >/dev/null \
     || tf_die "the supervisor did not start the front's admission controller: $(tf_engine logs "$id" 2>&1 | grep -i 'front admission' | tail -2)"

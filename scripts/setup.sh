@@ -29,5 +29,5 @@ if [ -z "$haproxy_bin" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null;
   [ -n "$haproxy_bin" ] || [ ! -x /usr/sbin/haproxy ] || haproxy_bin=/usr/sbin/haproxy
 fi
 front="no haproxy"
-[ -z "$haproxy_bin" ] || front="haproxy $("$haproxy_bin" -v | head -1 | cut -d" " -f3)"
+[ -z "$haproxy_bin" ] || front="haproxy $("$haproxy_bin" -v | awk 'NR == 1 { print $3 }')"
 echo "environment ready: $(.venv/bin/python --version), $(.venv/bin/tools --version), $front"
