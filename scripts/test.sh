@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up the environment, check the committed configs and generated docs against the spec, then
 # run the test tiers (docs/testing.md): the fast tier first (`-m fast`: no server, no load, no
-# torch), stopping at its first failure, then the integration tier (`-m integration`: real
-# servers, exports, bounded loads). `--system` adds the system tier (`-m system`: the wheel
-# install, the README's whole path, soaks, tune budgets, pods). No test runs twice.
+# torch) on two pytest-xdist workers, stopping at its first failure, then the integration tier
+# (`-m integration`: real servers, exports, bounded loads). `--system` adds the system tier
+# (`-m system`: the wheel install, the README's whole path, soaks, tune budgets, pods, the
+# measurements). No test runs twice.
 # Other arguments go to every pytest call; arguments that choose tests by marker (`-m`) make it
 # one call with them alone. With FORGE_TEST_DURATIONS=FILE, each tier's wall time and every
 # test's seconds are appended to FILE (.ci/run prints it). Where this runs as root with apt-get
@@ -44,7 +45,7 @@ tier() {
   fi
   [ "$code" = 5 ] || ran=1
 }
-tier fast -x
+tier fast -x -n 2
 [ "$code" = 0 ] || [ "$code" = 5 ] || exit "$code"
 tier integration --durations=15
 failed=0

@@ -303,20 +303,21 @@ def compare():
 
 
 _DURATIONS: defaultdict[str, float] = defaultdict(float)
+_TIER_OF: dict[str, str] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add up each test's setup, call and teardown seconds (for ``FORGE_TEST_DURATIONS``)."""
+    """Add up each test's setup, call and teardown seconds (for ``FORGE_TEST_DURATIONS``); under
+    pytest-xdist the controller gets every worker's reports, so it alone writes them."""
     _DURATIONS[report.nodeid] += report.duration
+    _TIER_OF[report.nodeid] = next((t for t in TIERS if t in report.keywords), "?")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Append every test's seconds, slowest first, to the ``FORGE_TEST_DURATIONS`` file."""
     path = os.environ.get("FORGE_TEST_DURATIONS")
-    if not path or not _DURATIONS:
+    if not path or not _DURATIONS or hasattr(session.config, "workerinput"):
         return
-    tiers = {item.nodeid: next((t for t in TIERS if item.get_closest_marker(t)), "?")
-             for item in session.items}
     with open(path, "a", encoding="utf-8") as out:
         for nodeid, seconds in sorted(_DURATIONS.items(), key=lambda kv: -kv[1]):
-            out.write(f"{seconds:9.2f} s  {tiers.get(nodeid, '?'):<11}  {nodeid}\n")
+            out.write(f"{seconds:9.2f} s  {_TIER_OF.get(nodeid, '?'):<11}  {nodeid}\n")

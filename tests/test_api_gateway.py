@@ -367,6 +367,7 @@ def test_loadtest_through_an_api_passes_the_gate_of_its_slo(served, tmp_path, ap
     assert f"through the {api} API" in result.stderr
 
 
+@pytest.mark.system  # a measurement (25 s); the routes' answers and gates are the integration tier's
 @pytest.mark.load
 def test_bench_reports_the_gateways_cost_next_to_direct_http(served, tmp_path):
     server = served["server"]

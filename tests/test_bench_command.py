@@ -201,6 +201,9 @@ def test_in_process_encoder_matches_served_embeddings_when_texts_vary_in_length(
     np.testing.assert_allclose(chunked, padded, atol=1e-4)
 
 
+# The system tier: the whole sweep (three pipelines, two protocols, tails; 50 s); the integration
+# tier runs the command on the pipelines tools add makes, through the front (below).
+@pytest.mark.system
 @pytest.mark.torch
 @pytest.mark.server
 @pytest.mark.load

@@ -145,6 +145,9 @@ def test_built_int8_minilm_records_its_calibration_and_quality_and_serves_the_in
     assert {"1/model.int8.xml", "1/model.int8.bin"} <= set(entry["artifacts"])
 
 
+# The system tier: a second int8 quantization of MiniLM (35 s); the integration tier serves the
+# spec's int8 variant (tests/test_e2e_text.py).
+@pytest.mark.system
 @pytest.mark.torch
 @pytest.mark.timeout(600)
 def test_onnx_runtime_dynamic_int8_of_the_real_minilm_is_fused_gated_and_served_as_onnx(tmp_path):

@@ -41,6 +41,10 @@ def _text_embedding_slo(tmp_path, *, users: int, p99_ms: float, min_throughput_r
 LOCUST_EXIT_WATCHDOG_S = 15.0
 
 
+# The system tier: four Locust runs (two pipelines x two protocols, 50 s); the integration tier
+# gates Locust runs on the pipelines tools add makes (tests/test_loadtest_added.py) and through
+# the APIs (tests/test_api_gateway.py).
+@pytest.mark.system
 @pytest.mark.torch
 @pytest.mark.server
 @pytest.mark.load
