@@ -406,7 +406,7 @@ def test_the_supervisor_runs_the_fronts_admission_controller_which_sets_caps_in_
 
         wait_until(started, 30, lambda: "the supervisor's controller and the stand-in; log: "
                    + supervisor_log.read_text()[-2000:])
-        initial = runtime.maxconn()["h_toy"]
+        initial = runtime.caps()["h_toy"].requests
         started_at = time.monotonic()
         stop = started_at + 3
 
@@ -420,10 +420,10 @@ def test_the_supervisor_runs_the_fronts_admission_controller_which_sets_caps_in_
         for thread in clients:
             thread.join()
         throughput = statuses.count(200) / (time.monotonic() - started_at)
-        wait_until(lambda: runtime.maxconn()["h_toy"] != initial, 10,
+        wait_until(lambda: runtime.caps()["h_toy"].requests != initial, 10,
                    lambda: f"the controller to move h_toy's cap from {initial}; supervisor log: "
                    + supervisor_log.read_text()[-2000:])
-        cap = runtime.maxconn()["h_toy"]
+        cap = runtime.caps()["h_toy"].requests
         supervisor.send_signal(signal.SIGTERM)
         code = supervisor.wait(timeout=30)
     finally:
@@ -431,7 +431,7 @@ def test_the_supervisor_runs_the_fronts_admission_controller_which_sets_caps_in_
         process.stop(front, grace_s=5)
 
     text = supervisor_log.read_text()
-    assert initial == haproxy_config.INITIAL_MAXCONN
+    assert initial == admission.INITIAL_IN_FLIGHT
     assert statuses and set(statuses) <= {200, 503}, statuses
     # Little's law: the cap is a latency target (at most the 100 ms objective) times the best
     # recent throughput, which the client-side average does not exceed by more than 2x here

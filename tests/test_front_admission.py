@@ -10,6 +10,7 @@ tests/test_front_serving.py.
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 
@@ -160,10 +161,10 @@ class RecordingRuntime:
     """HAProxy's runtime API as the controller sees it: what it was told to set."""
 
     def __init__(self, fail: bool = False) -> None:
-        self.sets: list[dict[str, int]] = []
+        self.sets: list[dict[str, controller.Cap]] = []
         self.fail = fail
 
-    def set_maxconn(self, caps: dict[str, int]) -> str:
+    def set_caps(self, caps: dict[str, controller.Cap]) -> str:
         if self.fail:
             raise ConnectionRefusedError("no HAProxy")
         self.sets.append(dict(caps))
@@ -206,10 +207,12 @@ def test_the_controller_caps_each_model_by_its_own_objective_and_leaves_one_with
     limit = made.limits["h_fast"]
     assert set(made.limits) == {"h_fast"}, "no objective: no cap"
     assert limit.rate == pytest.approx(100 * 400, rel=0.1), "bytes per second"
-    assert written == {"h_fast": limit.cap_requests()} and runtime.sets == [written]
+    absolute, floor = limit.cap_terms()
+    assert written == {"h_fast": controller.Cap(math.ceil(absolute), floor, limit.cap_requests())}
+    assert runtime.sets == [written] and absolute == pytest.approx(limit.target_s * limit.peak)
     assert made.tick() == {}, "a cap written is not written again until it changes"
     clock.now += controller.RESEND_S
-    assert made.tick() == written, "every cap again after RESEND_S (a reloaded HAProxy)"
+    assert set(made.tick()) == {"h_fast"}, "every cap again after RESEND_S (a reloaded HAProxy)"
 
 
 def test_http_and_grpc_of_one_model_are_capped_apart_and_refusals_count_as_offered_only():
@@ -240,7 +243,8 @@ def test_an_objective_is_read_again_after_its_ttl_and_a_runtime_api_down_is_retr
     assert made.reads == ["m", "m"], "read again (a reload may change it)"
     assert made.tick() == {}, "not reachable: nothing recorded as written"
     runtime.fail = False
-    assert made.tick() == {"h_m": admission.INITIAL_IN_FLIGHT}
+    cold = admission.INITIAL_IN_FLIGHT
+    assert made.tick() == {"h_m": controller.Cap(0, cold, cold)}, "before a measure: 32 requests"
 
 
 def test_the_controller_serves_log_datagrams_and_stops_when_told(tmp_path):
@@ -261,4 +265,5 @@ def test_the_controller_serves_log_datagrams_and_stops_when_told(tmp_path):
     thread.join(2)
     sock.close()
     assert not thread.is_alive()
-    assert runtime.sets and runtime.sets[0] == {"h_m": admission.INITIAL_IN_FLIGHT}
+    cold = admission.INITIAL_IN_FLIGHT
+    assert runtime.sets and runtime.sets[0] == {"h_m": controller.Cap(0, cold, cold)}

@@ -35,7 +35,8 @@ from tools.serve.server import EmbeddedServer
 
 pytestmark = pytest.mark.server
 
-LIMITS = Limits(max_body_bytes=1 << 20, max_grpc_message_bytes=1 << 20, request_timeout_s=5)
+LIMITS = Limits(max_body_bytes=1 << 20, max_grpc_message_bytes=1 << 20, request_timeout_s=5,
+                server_timeout_s=2)
 CAPPED = """name: "toy_capped"
 backend: "python"
 max_batch_size: 8
@@ -242,7 +243,7 @@ def test_over_its_cap_a_model_is_refused_over_http_after_the_hold_with_retry_aft
     # Every request takes the whole 300 ms objective: the controller brings the cap down from
     # the cold-start one, and 48 users get refusals, each held, then 503 with the hint.
     replies = _overload_http(fronted.http_url, users=48, seconds=6)
-    caps = fronted.front.runtime().maxconn()
+    caps = {b: c.requests for b, c in fronted.front.runtime().caps().items()}
     refused = [r for r in replies if r[0] != 200]
     accepted = [r for r in replies if r[0] == 200]
     assert caps["h_toy_capped"] < admission.INITIAL_IN_FLIGHT, caps
@@ -290,9 +291,53 @@ def test_over_its_cap_a_model_is_refused_over_grpc_with_unavailable_and_retry_pu
     assert all("model 'toy_capped' is over its latency target" in r[2] for r in refused)
     assert all(int(r[1]["grpc-retry-pushback-ms"]) == 200 for r in refused), refused[0]
     assert all(LIMITS.refusal_hold_s - 0.02 <= r[3] < LIMITS.refusal_hold_s + 2.0 for r in refused)
-    assert fronted.front.runtime().maxconn()["g_toy_capped"] < admission.INITIAL_IN_FLIGHT
+    assert fronted.front.runtime().caps()["g_toy_capped"].requests < admission.INITIAL_IN_FLIGHT
     # a request to the same model that is not an inference passes
     assert service_pb2.ModelMetadataResponse.FromString(other).name == "toy_capped"
+
+
+def _toy_capped_body(delay_ms: float, elements: int) -> bytes:
+    return json.dumps({"inputs": [
+        {"name": "INPUT0", "shape": [1, elements], "datatype": "FP32", "data": [1] * elements},
+        {"name": "DELAY_MS", "shape": [1, 1], "datatype": "FP32", "data": [delay_ms]}]}).encode()
+
+
+def _wait_in_flight(runtime, expected: tuple[int, int], seconds: float) -> tuple[int, int]:
+    deadline = time.monotonic() + seconds
+    while (found := runtime.in_flight()["h_toy_capped"]) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def test_the_front_counts_bytes_in_flight_until_answered_and_forgets_what_it_answered_itself(fronted):
+    # Admission weighs requests by their bytes (front.lua). Three requests of two sizes are
+    # counted while tritonserver works on them; their clients leave, but tritonserver still
+    # works, so they stay counted until it answers.
+    runtime = fronted.front.runtime()
+    host, _, port = fronted.http_url.rpartition(":")
+    bodies = [_toy_capped_body(1000.0, n) for n in (4, 4, 400)]
+    clients = []
+    for body in bodies:
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(f"POST /v2/models/toy_capped/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        clients.append(sock)
+    try:
+        counted = _wait_in_flight(runtime, (sum(map(len, bodies)), 3), 5)
+        assert counted == (sum(map(len, bodies)), 3), counted
+    finally:
+        for sock in clients:
+            sock.close()
+    assert _wait_in_flight(runtime, (0, 0), 10) == (0, 0), "released at tritonserver's answers"
+    # An answer the front gives itself (504 past LIMITS.server_timeout_s) passes no response
+    # rule: the sweep forgets the request once tritonserver's connection is gone.
+    sent = time.monotonic()
+    status, _, _ = _post(fronted.http_url, _toy_capped_body(3000.0 * LIMITS.server_timeout_s, 4),
+                         model="toy_capped")
+    assert status == 504
+    assert _wait_in_flight(runtime, (0, 0), 3) == (0, 0), "forgotten within SETTLE_S + a sweep"
+    assert time.monotonic() - sent < 3 * LIMITS.server_timeout_s, "before tritonserver answered"
+    assert np.array_equal(_infer_ok(fronted.http_url), [2, 4, 6, 8])
 
 
 def test_the_front_stops_with_its_server_and_frees_its_ports(server_factory, toy_repository):

@@ -200,7 +200,7 @@ def _judge(server: EmbeddedServer, model: str, run, hold_s: float, objective_s: 
     assert over.accepted_rps > 0 and over.p99_ms is not None, over
     # the cap follows the objective: by Little's law at most the objective's worth of what the
     # model answers a second, and the controller moved it from the cold-start cap
-    caps = server.front.runtime().maxconn()
+    caps = {b: c.requests for b, c in server.front.runtime().caps().items()}
     most = objective_s * max(run.capacity.accepted_rps, over.accepted_rps)
     assert admission.MIN_IN_FLIGHT <= caps[f"h_{model}"] <= max(1.5 * most, 2 * admission.MIN_IN_FLIGHT), \
         (caps[f"h_{model}"], most)
@@ -236,7 +236,7 @@ def test_a_direct_call_to_the_encoder_is_bounded_by_the_front_refused_with_retry
                        server.pid, server.models, [4.0], users=16, duration_s=9, warmup_s=3)
     _judge(server, "minilm_encoder", run, Limits().refusal_hold_s, _objective_s("minilm_encoder"))
     # a burst past the cap gets the hint with each refusal, after the hold
-    cap = server.front.runtime().maxconn()["h_minilm_encoder"]
+    cap = server.front.runtime().caps()["h_minilm_encoder"].requests
     started = time.monotonic()
     heads = burst_heads(server.http_url, faults.infer_request(server.http_url, "minilm_encoder",
                                                               bodies[0]), cap + 64)

@@ -1,13 +1,12 @@
 """SLO admission: per model, work in flight <= latency target x throughput.
 
 Little's law: the work a model holds (queued, batched, executing, on their way back) is its
-throughput times its latency. The front counts the requests in flight to each model (HAProxy's
-per-model server ``maxconn``), and the controller (``tools.front.controller``) learns from every
-answered request, weighed by its size in bytes (a text of 256 tokens is about ten times the work
-of one of 20, and its body about ten times the bytes), how many bytes' worth the model answers
-per second, so it keeps each model's latency at its target by capping the bytes in flight at
-``target x throughput``, turned into requests of the mean size offered: a request over the cap is
-refused (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with retry pushback) before
+throughput times its latency. The front counts the bytes in flight to each model (``front.lua``),
+and the controller (``tools.front.controller``) learns from every answered request, weighed by
+its size in bytes (a text of 256 tokens is about ten times the work of one of 20, and its body
+about ten times the bytes), how many bytes' worth the model answers per second, so it keeps each
+model's latency at its target by capping the bytes in flight at ``target x throughput``: a
+request over the cap is refused (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with retry pushback) before
 tritonserver parses it. The target comes from the model's P99 objective in the SLO file,
 rendered into its config as the parameter ``admission_p99_ms``: an ensemble and each model called
 directly have their own cap, so a direct call to an encoder is bounded like the pipeline in
@@ -159,8 +158,8 @@ class LatencyLimit:
             (1 - COST_SHARE) * self.mean_cost + COST_SHARE * cost
 
     def cap_requests(self, now: float | None = None) -> int:
-        """The cap in requests, as HAProxy counts them: the cap in cost units over the mean
-        cost of the requests offered, at least the floor (``cap_terms``)."""
+        """The cap in requests of the mean size (what a reader compares with a count): the cap
+        in cost units over the mean cost of the requests offered, at least the floor."""
         absolute, floor = self.cap_terms(now)
         if self.mean_cost is None or self.mean_cost <= 0:
             return floor

@@ -4,8 +4,9 @@ HAProxy logs one line per request to the controller's socket (``haproxy_config.L
 backend, server, status, total time, request bytes, termination state). For each model's
 backend the controller feeds a ``LatencyLimit`` (every request offered moves the mean size; every
 success its latency and size), and every ``TICK_S`` writes the caps that changed to HAProxy's
-runtime API: ``set maxconn server <backend>/triton <cap>``. HAProxy does the counting and the
-refusing; the controller only moves the number.
+runtime API: ``forge cap <backend> <bytes> <floor> <requests>`` (a command of ``front.lua``).
+The front does the counting (bytes in flight per model) and the refusing; the controller only
+moves the numbers.
 
 The objectives are read from tritonserver's model-config API (``admission_p99_ms``), again every
 ``CONFIG_TTL_S`` (a model may be reloaded with another). ``tools serve`` runs the controller in
@@ -16,6 +17,7 @@ the front's process (``python -m tools.front``), the serving images in their sup
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -24,13 +26,14 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tools.front.admission import LatencyLimit
 
+SERVER = "triton"  # the server of every backend (haproxy_config)
 TICK_S = 0.1  # caps are computed this often, and written when they changed
 RESEND_S = 5.0  # every cap is written again this often (a reloaded HAProxy starts from its file)
 CONFIG_TTL_S = 10.0
-SERVER = "triton"  # the server of every backend (haproxy_config)
 P99_PARAMETER = "admission_p99_ms"
 _PREFIXES = ("h_", "g_")  # haproxy_config.http_backend / grpc_backend
 _SHARED = ("h_triton", "g_triton")
@@ -49,6 +52,16 @@ def parse_address(address: str) -> tuple[int, object]:
         return socket.AF_UNIX, address
     host, _, port = address.removeprefix("ipv4@").rpartition(":")
     return socket.AF_INET, (host or "127.0.0.1", int(port))
+
+
+class Cap(NamedTuple):
+    """A model's admission cap as the front applies it: a request is admitted while the bytes
+    in flight stay within ``bytes`` or fewer than ``floor`` requests are in flight; ``requests``
+    is the cap in requests of the mean size offered (what a reader compares with a count)."""
+
+    bytes: int
+    floor: int
+    requests: int
 
 
 class RuntimeApi:
@@ -81,20 +94,27 @@ class RuntimeApi:
                 chunks.append(chunk)
         return b"".join(chunks).decode(errors="replace")
 
-    def set_maxconn(self, caps: dict[str, int]) -> str:
-        """``set maxconn server <backend>/triton <cap>`` for each backend of ``caps``."""
-        return self.run(*(f"set maxconn server {b}/{SERVER} {c}" for b, c in sorted(caps.items())))
+    def set_caps(self, caps: dict[str, Cap]) -> str:
+        """``forge cap <backend> <bytes> <floor> <requests>`` for each backend of ``caps``."""
+        return self.run(*(f"forge cap {b} {c.bytes} {c.floor} {c.requests}"
+                          for b, c in sorted(caps.items())))
 
-    def maxconn(self) -> dict[str, int]:
-        """Each backend's current ``maxconn`` of its ``triton`` server (``show stat``)."""
-        lines = self.run("show stat -1 4 -1").splitlines()
-        header = lines[0].lstrip("# ").split(",") if lines else []
-        found = {}
-        for line in lines[1:]:
-            row = dict(zip(header, line.split(",")))
-            if row.get("svname") == SERVER and row.get("slim"):
-                found[row["pxname"]] = int(row["slim"])
-        return found
+    def _rows(self) -> list[list[int | str]]:
+        """``forge caps``: backend, cap bytes, floor, cap requests, bytes and requests in flight."""
+        rows = []
+        for line in self.run("forge caps").splitlines():
+            parts = line.split()
+            if len(parts) == 6 and all(p.isdigit() for p in parts[1:]):
+                rows.append([parts[0], *map(int, parts[1:])])
+        return rows
+
+    def caps(self) -> dict[str, Cap]:
+        """Each model backend's cap as the front holds it now."""
+        return {row[0]: Cap(*row[1:4]) for row in self._rows()}
+
+    def in_flight(self) -> dict[str, tuple[int, int]]:
+        """Each model backend's bytes and requests in flight, as the front counts them."""
+        return {row[0]: (row[4], row[5]) for row in self._rows()}
 
 
 @dataclass(frozen=True)
@@ -109,7 +129,7 @@ class Completion:
 
 
 def parse_line(line: str) -> Completion | None:
-    """A log line (``%b %s %ST %Ta %U %ts``), or None when it is not one."""
+    """A log line (``%b %s %ST %Ta %[var(txn.cost)] %ts``), or None when it is not one."""
     parts = line.split()
     if len(parts) < 5:
         return None
@@ -154,7 +174,7 @@ class AdmissionController:
         self.objective = objective
         self.clock = clock
         self.limits: dict[str, LatencyLimit] = {}
-        self.written: dict[str, int] = {}
+        self.written: dict[str, Cap] = {}
         self._objectives: dict[str, float | None] = {}
         self._read_at: dict[str, float] = {}
         self._asking: set[str] = set()
@@ -206,12 +226,16 @@ class AdmissionController:
             self._read_at[model] = self.clock()
             self._asking.discard(model)
 
-    def caps(self) -> dict[str, int]:
-        """Each model backend's cap in requests now."""
+    def caps(self) -> dict[str, Cap]:
+        """Each model backend's cap now."""
         now = self.clock()
-        return {backend: limit.cap_requests(now) for backend, limit in self.limits.items()}
+        found = {}
+        for backend, limit in self.limits.items():
+            absolute, floor = limit.cap_terms(now)
+            found[backend] = Cap(math.ceil(absolute), floor, limit.cap_requests(now))
+        return found
 
-    def tick(self) -> dict[str, int]:
+    def tick(self) -> dict[str, Cap]:
         """Write the caps that changed (all of them every ``RESEND_S``); returns what was
         written. A runtime API that cannot be reached is retried at the next tick."""
         caps = self.caps()
@@ -221,7 +245,7 @@ class AdmissionController:
         if not changed:
             return {}
         try:
-            answer = self.runtime.set_maxconn(changed)
+            answer = self.runtime.set_caps(changed)
         except OSError as exc:
             _log(f"runtime API not reachable ({exc}); caps not written")
             return {}

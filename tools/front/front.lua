@@ -81,3 +81,128 @@ core.register_action("check_shapes", {"http-req"}, function(txn)
         end
     end
 end)
+
+-- Admission: each model backend admits a request while the bytes in flight to it stay within
+-- its cap, or while fewer than its floor of requests are in flight (tools/front/admission.py:
+-- requests are weighed by their size, as the work they bring is). The controller sets each cap
+-- through the runtime API (`forge cap`); until it has, a backend admits COLD_FLOOR requests.
+-- A request is counted from `lua.admit` (http-request) to `lua.release` (http-response); one
+-- that gets no response from the server (the client left, HAProxy answered 502/504 itself) is
+-- dropped by the sweep once the server holds fewer requests than are counted.
+local COLD_FLOOR = 32  -- tools/front/admission.py INITIAL_IN_FLIGHT
+local SERVER = "triton"  -- the server of every model backend (haproxy_config.py)
+local SWEEP_S = 0.5
+local SETTLE_S = 1.0  -- a counted request this old must be on the server (or be gone)
+
+local caps = {}  -- backend -> {bytes, floor, requests}
+local flights = {}  -- backend -> {bytes, count, held = {id -> {cost, since}}}
+local last_id = 0
+
+local function now_s()
+    local now = core.now()
+    return now.sec + now.usec / 1e6
+end
+
+local function flight_of(backend)
+    local flight = flights[backend]
+    if flight == nil then
+        flight = {bytes = 0, count = 0, held = {}}
+        flights[backend] = flight
+    end
+    return flight
+end
+
+core.register_action("admit", {"http-req"}, function(txn)
+    local backend = txn.f:be_name()
+    local cost = tonumber(txn:get_var("txn.cost")) or 0
+    local cap = caps[backend]
+    local flight = flight_of(backend)
+    local floor = cap and cap.floor or COLD_FLOOR
+    if flight.count >= floor and flight.bytes + cost > (cap and cap.bytes or 0) then
+        txn:set_var("txn.over", 1)
+        return
+    end
+    last_id = last_id + 1
+    flight.held[last_id] = {cost = cost, since = now_s()}
+    flight.bytes = flight.bytes + cost
+    flight.count = flight.count + 1
+    txn:set_var("txn.admitted", last_id)
+end)
+
+local function release(flight, id)
+    local entry = flight.held[id]
+    if entry ~= nil then
+        flight.held[id] = nil
+        flight.bytes = math.max(0, flight.bytes - entry.cost)
+        flight.count = math.max(0, flight.count - 1)
+    end
+end
+
+core.register_action("release", {"http-res"}, function(txn)
+    local id = tonumber(txn:get_var("txn.admitted"))
+    local flight = flights[txn.f:be_name()]
+    if id ~= nil and flight ~= nil then
+        release(flight, id)
+    end
+end)
+
+local function sweep()
+    local now = now_s()
+    for backend, flight in pairs(flights) do
+        local proxy = core.backends[backend]
+        local server = proxy and proxy.servers[SERVER]
+        local on_server = server and tonumber(server:get_stats()["scur"])
+        if on_server ~= nil and flight.count > on_server then
+            local settled = {}
+            for id, entry in pairs(flight.held) do
+                if now - entry.since >= SETTLE_S then
+                    settled[#settled + 1] = id
+                end
+            end
+            table.sort(settled)  -- ids grow with time: the oldest first
+            for i = 1, math.min(#settled, flight.count - on_server) do
+                release(flight, settled[i])
+            end
+        end
+    end
+end
+
+core.register_task(function()
+    while true do
+        core.msleep(math.floor(SWEEP_S * 1000))
+        sweep()
+    end
+end)
+
+-- forge cap BACKEND BYTES FLOOR REQUESTS: admit while the bytes in flight stay within BYTES,
+-- or while fewer than FLOOR requests are in flight (REQUESTS: the cap in requests of the mean
+-- size, shown by `forge caps`).
+core.register_cli({"forge", "cap"}, "forge cap <backend> <bytes> <floor> <requests>: set a model's admission cap",
+    function(applet, _, _, backend, bytes, floor, requests)
+        bytes, floor, requests = tonumber(bytes), tonumber(floor), tonumber(requests)
+        if backend == nil or core.backends[backend] == nil or bytes == nil or floor == nil then
+            applet:send("forge cap: no such backend or not numbers: " .. tostring(backend) .. "\n")
+            return
+        end
+        caps[backend] = {bytes = bytes, floor = floor, requests = requests or floor}
+    end)
+
+-- forge caps: one line per model backend: backend, cap in bytes, floor, cap in requests, bytes
+-- and requests in flight.
+core.register_cli({"forge", "caps"}, "forge caps: each model's admission cap and what is in flight",
+    function(applet)
+        local names = {}
+        for backend in pairs(core.backends) do
+            if (backend:sub(1, 2) == "h_" or backend:sub(1, 2) == "g_") and
+                    backend ~= "h_triton" and backend ~= "g_triton" then
+                names[#names + 1] = backend
+            end
+        end
+        table.sort(names)
+        for _, backend in ipairs(names) do
+            local cap = caps[backend] or {bytes = 0, floor = COLD_FLOOR, requests = COLD_FLOOR}
+            local flight = flight_of(backend)
+            applet:send(string.format("%s %d %d %d %d %d\n", backend, cap.bytes, cap.floor,
+                cap.requests, flight.bytes, flight.count))
+        end
+    end)

@@ -25,10 +25,11 @@ What it does, in order (docs/serving.md has the why of each rule):
 - gRPC: the first message's length prefix is read; over ``max_grpc_message_bytes``:
   RESOURCE_EXHAUSTED, the message never forwarded (``front.lua``); compressed messages are
   refused too (UNIMPLEMENTED), as the front cannot bound what they decode to.
-- Admission: each model with a P99 objective has an HTTP and a gRPC backend whose server's
-  ``maxconn`` is its in-flight cap; the controller (``tools.front.controller``) sets it live
-  from the latencies this file logs to it. A request over the cap is held ``refusal_hold_s``
-  and refused: HTTP 503 with ``Retry-After``, gRPC UNAVAILABLE with ``grpc-retry-pushback-ms``.
+- Admission: each model with a P99 objective has an HTTP and a gRPC backend that admits a
+  request while the bytes in flight to it stay within its cap (``front.lua``: ``lua.admit`` and
+  ``lua.release``); the controller (``tools.front.controller``) sets the caps live from the
+  latencies this file logs to it. A request over the cap is held ``refusal_hold_s`` and
+  refused: HTTP 503 with ``Retry-After``, gRPC UNAVAILABLE with ``grpc-retry-pushback-ms``.
 """
 
 from __future__ import annotations
@@ -42,18 +43,16 @@ from tools.front.plan import FrontPlan
 CONFIG_NAME = "haproxy.cfg"
 LUA_NAME = "front.lua"
 LUA_SOURCE = Path(__file__).with_name(LUA_NAME)
-INITIAL_MAXCONN = 32  # tools.front.admission.INITIAL_IN_FLIGHT: the cap until one is measured
-MAX_QUEUE = 256  # requests waiting for a slot freed by a lowered cap (be_conn_free needs one)
-QUEUE_TIMEOUT_S = 1
 MAX_URL_BYTES = 8000  # within the request line tritonserver reads
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 # The KServe v2 inference paths: /v2/models/<m>/infer and /v2/models/<m>/versions/<v>/infer
 HTTP_INFER = r"^/v2/models/[^/]+/(versions/[0-9]+/)?infer$"
 # The log line the controller reads (tools/front/controller.parse_line): backend, server (a
-# Lua service's name when the front answered itself), status, total active time (ms), bytes from
-# the client, termination state.
-LOG_FORMAT = "%b %s %ST %Ta %U %ts"
+# Lua service's name when the front answered itself), status, total active time (ms), the
+# request's cost in bytes as admission counts it (the body, or the gRPC message), termination
+# state.
+LOG_FORMAT = "%b %s %ST %Ta %[var(txn.cost)] %ts"
 
 ENV_DEFAULTS = {
     "FORGE_FRONT_HTTP": "127.0.0.1:8000",
@@ -126,7 +125,6 @@ def render(plan: FrontPlan) -> str:
         f"    timeout http-keep-alive {limits.idle_timeout_s}s",
         f"    timeout server {limits.server_timeout_s}s",
         f"    timeout tarpit {hold_ms}ms",
-        f"    timeout queue {QUEUE_TIMEOUT_S}s",
         f"    http-error status 400 content-type application/json string {_json('malformed HTTP request')}",
         f"    http-error status 408 content-type application/json string "
         f"{_json(f'request not received within {limits.request_timeout_s} s')}",
@@ -189,6 +187,7 @@ def render(plan: FrontPlan) -> str:
         "    http-request return status 400 content-type application/json "
         "lf-string '{\"error\":\"%[var(txn.shape_error)]\"}' if { var(txn.shape_error) -m found }",
         "    http-request set-var(txn.model) path,field(4,/) if infer",
+        "    http-request set-var(txn.cost) req.hdr_val(content-length) if infer",
     ]
     if plan.gateway_paths:
         exact = " ".join(p for p in plan.gateway_paths if not p.endswith("/"))
@@ -217,6 +216,7 @@ def render(plan: FrontPlan) -> str:
         f"if {{ var(txn.length) -m int gt {limits.max_grpc_message_bytes} }}",
         # ModelInferRequest.model_name is field 1: the first field of the message
         f"    http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {{ path {GRPC_INFER} }}",
+        "    http-request set-var(txn.cost) var(txn.length),add(5) if !stream",
     ]
     lines += [f"    use_backend {grpc_backend(m)} if {{ var(txn.model) -m str {m} }}" for m in models]
     lines += [
@@ -234,18 +234,20 @@ def render(plan: FrontPlan) -> str:
         lines += [
             "",
             f"backend {http_backend(model)}",
-            "    http-request tarpit deny_status 503 if { be_conn_free le 0 }",
+            "    http-request lua.admit",
+            "    http-request tarpit deny_status 503 if { var(txn.over) -m found }",
+            "    http-response lua.release",
             f"    http-error status 503 content-type application/json string {_json(over)} "
             f"hdr retry-after {retry_after}",
-            f"    server triton {_env('FORGE_TRITON_HTTP')} maxconn {INITIAL_MAXCONN} "
-            f"maxqueue {MAX_QUEUE}",
+            f"    server triton {_env('FORGE_TRITON_HTTP')}",
             "",
             f"backend {grpc_backend(model)}",
             f"    http-request set-var(txn.hold_ms) int({hold_ms})",
             f"    http-request set-var(txn.p99_ms) str({plan.objectives[model]:g})",
-            "    http-request use-service lua.grpc_overloaded if { be_conn_free le 0 }",
-            f"    server triton {_env('FORGE_TRITON_GRPC')} proto h2 maxconn {INITIAL_MAXCONN} "
-            f"maxqueue {MAX_QUEUE}",
+            "    http-request lua.admit",
+            "    http-request use-service lua.grpc_overloaded if { var(txn.over) -m found }",
+            "    http-response lua.release",
+            f"    server triton {_env('FORGE_TRITON_GRPC')} proto h2",
         ]
     if plan.gateway_paths:
         lines += ["", "backend gateway",
