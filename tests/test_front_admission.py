@@ -207,9 +207,12 @@ def test_the_controller_caps_each_model_by_its_own_objective_and_leaves_one_with
     limit = made.limits["h_fast"]
     assert set(made.limits) == {"h_fast"}, "no objective: no cap"
     assert limit.rate == pytest.approx(100 * 400, rel=0.1), "bytes per second"
-    absolute, floor = limit.cap_terms()
-    assert written == {"h_fast": controller.Cap(math.ceil(absolute), floor, limit.cap_requests())}
-    assert runtime.sets == [written] and absolute == pytest.approx(limit.target_s * limit.peak)
+    floor = admission.MIN_IN_FLIGHT
+    assert written == {"h_fast": controller.Cap(math.ceil(limit.cap()), floor, limit.cap_requests())}
+    assert runtime.sets == [written]
+    absolute, floor_requests = limit.cap_terms()
+    assert written["h_fast"].bytes == math.ceil(max(absolute, floor_requests * 400)), \
+        "target x bytes per second, or that many requests of the mean size (400 bytes)"
     assert made.tick() == {}, "a cap written is not written again until it changes"
     clock.now += controller.RESEND_S
     assert set(made.tick()) == {"h_fast"}, "every cap again after RESEND_S (a reloaded HAProxy)"
@@ -244,7 +247,8 @@ def test_an_objective_is_read_again_after_its_ttl_and_a_runtime_api_down_is_retr
     assert made.tick() == {}, "not reachable: nothing recorded as written"
     runtime.fail = False
     cold = admission.INITIAL_IN_FLIGHT
-    assert made.tick() == {"h_m": controller.Cap(0, cold, cold)}, "before a measure: 32 requests"
+    assert made.tick() == {"h_m": controller.Cap(cold * 100, admission.MIN_IN_FLIGHT, cold)}, \
+        "before a measure: 32 requests of the mean size"
 
 
 def test_the_controller_serves_log_datagrams_and_stops_when_told(tmp_path):
@@ -266,4 +270,5 @@ def test_the_controller_serves_log_datagrams_and_stops_when_told(tmp_path):
     sock.close()
     assert not thread.is_alive()
     cold = admission.INITIAL_IN_FLIGHT
-    assert runtime.sets and runtime.sets[0] == {"h_m": controller.Cap(0, cold, cold)}
+    assert runtime.sets and runtime.sets[0] == {
+        "h_m": controller.Cap(cold * 100, admission.MIN_IN_FLIGHT, cold)}

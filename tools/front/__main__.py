@@ -13,6 +13,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     sock = log_socket(os.environ["FORGE_FRONT_LOG"])
+    if sock.family == socket.AF_INET:  # HAProxy logs to the port bound (FORGE_FRONT_LOG may say 0)
+        os.environ["FORGE_FRONT_LOG"] = "{}:{}".format(*sock.getsockname())
     haproxy = subprocess.Popen([args.haproxy, "-W", "-db", "-f", str(args.config)],
                                stdin=subprocess.DEVNULL)
     controller = AdmissionController(RuntimeApi(os.environ["FORGE_FRONT_ADMIN"]),

@@ -137,9 +137,11 @@ class LatencyLimit:
         target (at the cap it is the target, by Little's law)."""
         return self.latency_s >= UNCONGESTED_SHARE * self.target_s
 
-    def cap(self) -> float:
-        """The most work in flight now, in cost units."""
-        absolute, floor = self.cap_terms()
+    def cap(self, now: float | None = None) -> float:
+        """The most work in flight at ``now`` (None: the clock's now), in cost units: a request
+        is admitted while the work in flight stays within it, or while fewer than
+        ``MIN_IN_FLIGHT`` requests are in flight."""
+        absolute, floor = self.cap_terms(now)
         return max(floor * (self.mean_cost or 1.0), absolute)
 
     def cap_terms(self, now: float | None = None) -> tuple[float, int]:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tools.front.admission import LatencyLimit
+from tools.front.admission import MIN_IN_FLIGHT, LatencyLimit
 
 SERVER = "triton"  # the server of every backend (haproxy_config)
 TICK_S = 0.1  # caps are computed this often, and written when they changed
@@ -229,11 +229,8 @@ class AdmissionController:
     def caps(self) -> dict[str, Cap]:
         """Each model backend's cap now."""
         now = self.clock()
-        found = {}
-        for backend, limit in self.limits.items():
-            absolute, floor = limit.cap_terms(now)
-            found[backend] = Cap(math.ceil(absolute), floor, limit.cap_requests(now))
-        return found
+        return {backend: Cap(math.ceil(limit.cap(now)), MIN_IN_FLIGHT, limit.cap_requests(now))
+                for backend, limit in self.limits.items()}
 
     def tick(self) -> dict[str, Cap]:
         """Write the caps that changed (all of them every ``RESEND_S``); returns what was

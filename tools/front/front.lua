@@ -84,8 +84,9 @@ end)
 
 -- Admission: each model backend admits a request while the bytes in flight to it stay within
 -- its cap, or while fewer than its floor of requests are in flight (tools/front/admission.py:
--- requests are weighed by their size, as the work they bring is). The controller sets each cap
--- through the runtime API (`forge cap`); until it has, a backend admits COLD_FLOOR requests.
+-- requests are weighed by their size, as the work they bring is; the floor is MIN_IN_FLIGHT).
+-- The controller sets each cap through the runtime API (`forge cap`); until it has, a backend
+-- admits COLD_FLOOR requests whatever their size.
 -- A request is counted from `lua.admit` (http-request) to `lua.release` (http-response); one
 -- that gets no response from the server (the client left, HAProxy answered 502/504 itself) is
 -- dropped by the sweep once the server holds fewer requests than are counted.

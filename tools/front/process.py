@@ -121,7 +121,10 @@ class FrontProcess:
             "FORGE_TRITON_HTTP": f"{loop}:{self.triton_http_port}",
             "FORGE_TRITON_GRPC": f"{loop}:{self.triton_grpc_port}",
             "FORGE_FRONT_ADMIN": str(self.admin_socket),
-            "FORGE_FRONT_LOG": str(self.run_dir / "log.sock"),
+            # UDP on loopback, the port chosen when the runner binds it: a Unix datagram
+            # socket queues only net.unix.max_dgram_qlen (10) lines, and HAProxy drops the
+            # rest while the controller's thread waits for a core
+            "FORGE_FRONT_LOG": f"{loop}:0",
         })
         if self.gateway_port is not None:
             env["FORGE_GATEWAY"] = f"{loop}:{self.gateway_port}"
