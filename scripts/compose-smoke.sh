@@ -417,13 +417,15 @@ PY
   caps="$(tf_engine exec "$id" python3 -c "import os, sys
 sys.path.insert(0, '/opt/triton-forge')
 from tools.front.controller import RuntimeApi
-from tools.front.haproxy_config import INITIAL_MAXCONN
-caps = RuntimeApi(os.environ['FORGE_FRONT_ADMIN']).maxconn()
-print(', '.join(f'{b} {c}' for b, c in sorted(caps.items()) if 'text_embedding' in b),
-      f'(the config starts each at {INITIAL_MAXCONN})')
-sys.exit(caps.get('h_text_embedding', INITIAL_MAXCONN) == INITIAL_MAXCONN)")" \
-    || tf_die "the controller did not move text_embedding's HTTP cap from the config's initial one: ${caps:-no answer from the runtime API}"
-  tf_log "admission: the front's caps now (maxconn): $caps"
+from tools.front.admission import INITIAL_IN_FLIGHT
+caps = RuntimeApi(os.environ['FORGE_FRONT_ADMIN']).caps()
+print(', '.join(f'{b} {c.bytes} bytes ({c.requests} requests of the mean size)'
+                for b, c in sorted(caps.items()) if 'text_embedding' in b),
+      f'(before the controller: {INITIAL_IN_FLIGHT} requests)')
+cap = caps.get('h_text_embedding')
+sys.exit(cap is None or cap.requests >= INITIAL_IN_FLIGHT)")" \
+    || tf_die "the controller did not bring text_embedding's HTTP cap under the cold-start one: ${caps:-no answer from the runtime API}"
+  tf_log "admission: the front's caps now (forge caps): $caps"
   tf_log "admission: refusals came from real overload, the cap from the controller ($(elapsed))"
 }
 
