@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environment, check the committed configs and generated docs against the spec, then
 # run the test tiers (docs/testing.md): the fast tier first (`-m fast`: no server, no load, no
-# torch) on two pytest-xdist workers, stopping at its first failure, then the integration tier
+# torch), stopping at its first failure, then the integration tier
 # (`-m integration`: real servers, exports, bounded loads). `--system` adds the system tier
 # (`-m system`: the wheel install, the README's whole path, soaks, tune budgets, pods, the
 # measurements). No test runs twice.
@@ -45,7 +45,7 @@ tier() {
   fi
   [ "$code" = 5 ] || ran=1
 }
-tier fast -x -n 2
+tier fast -x
 [ "$code" = 0 ] || [ "$code" = 5 ] || exit "$code"
 tier integration --durations=15
 failed=0
