@@ -87,9 +87,10 @@ end)
 -- requests are weighed by their size, as the work they bring is; the floor is MIN_IN_FLIGHT).
 -- The controller sets each cap through the runtime API (`forge cap`); until it has, a backend
 -- admits COLD_FLOOR requests whatever their size.
--- A request is counted from `lua.admit` (http-request) to `lua.release` (http-response); one
--- that gets no response from the server (the client left, HAProxy answered 502/504 itself) is
--- dropped by the sweep once the server holds fewer requests than are counted.
+-- A request is counted from `lua.admit` (http-request) to `lua.release` (http-response), also
+-- when its client has left (HAProxy still waits for tritonserver's answer); one that gets no
+-- response from the server (HAProxy answered 502/504 itself, the connection broke) is dropped
+-- by the sweep once the server holds fewer requests than are counted.
 local COLD_FLOOR = 32  -- tools/front/admission.py INITIAL_IN_FLIGHT
 local SERVER = "triton"  -- the server of every model backend (haproxy_config.py)
 local SWEEP_S = 0.5
