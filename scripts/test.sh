@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Set up the environment, check the committed configs and generated docs against the spec, then
 # run the test tiers (docs/testing.md): the fast tier first (`-m fast`: no server, no load, no
-# torch), stopping at its first failure, then the integration tier
-# (`-m integration`: real servers, exports, bounded loads). `--system` adds the system tier
-# (`-m system`: the wheel install, the README's whole path, soaks, tune budgets, pods, the
-# measurements). No test runs twice.
+# torch), stopping at its first failure, then the integration tier (`-m integration`: real
+# servers, exports, bounded loads), both on two pytest-xdist workers, each module on one worker;
+# the session's builds are made once for every worker and tier (in $FORGE_TEST_SHARED).
+# `--system` adds the system tier (`-m system`: the wheel install, the README's whole path, soaks,
+# tune budgets, pods, the measurements), on one worker. No test runs twice.
 # Other arguments go to every pytest call; arguments that choose tests by marker (`-m`) make it
 # one call with them alone. With FORGE_TEST_DURATIONS=FILE, each tier's wall time and every
 # test's seconds are appended to FILE (.ci/run prints it). Where this runs as root with apt-get
@@ -32,6 +33,11 @@ for arg in "${args[@]}"; do
   esac
 done
 
+shared=$(mktemp -d)
+trap 'rm -rf "$shared"' EXIT
+export FORGE_TEST_SHARED=$shared
+workers=(-n 2 --dist loadfile --no-loadscope-reorder)
+
 # One tier: `tier NAME PYTEST_ARGS...`; sets $code (pytest's exit status) and records the wall
 # time. pytest exits 5 when it selected nothing: fine for a tier the arguments did not reach.
 ran=0
@@ -45,9 +51,9 @@ tier() {
   fi
   [ "$code" = 5 ] || ran=1
 }
-tier fast -x
+tier fast -x "${workers[@]}"
 [ "$code" = 0 ] || [ "$code" = 5 ] || exit "$code"
-tier integration --durations=15
+tier integration --durations=15 "${workers[@]}"
 failed=0
 [ "$code" = 0 ] || [ "$code" = 5 ] || failed=$code
 if [ "$system" = 1 ]; then

@@ -264,6 +264,13 @@ class AddedModels:
     server: Any = None
 
 
+def importable(root: Path) -> None:
+    """Put ``root`` on ``sys.path``: the image factory of ``added_models`` is imported from there
+    (by the build, and by the tests' references in every pytest process that shares the build)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def added_models(root: Path) -> AddedModels:
     """Add every recipe's models to one spec under ``root`` and build it (not served yet).
 
@@ -305,8 +312,7 @@ def added_models(root: Path) -> AddedModels:
     (root / IMAGE_PACKAGE).mkdir()
     (root / IMAGE_PACKAGE / "__init__.py").write_text("")
     (root / IMAGE_PACKAGE / "cnn.py").write_text(FACTORY_MODULE.format(classes=4))
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))  # the factory stays importable for the tests' references
+    importable(root)
     sources["shapes"] = IMAGE_FACTORY
     add_model("image-classification", IMAGE_FACTORY, "shapes", spec,
               labels=labels_file(root / "labels.txt", 4), mean=",".join(map(str, MEAN)),

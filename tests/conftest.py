@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import shutil
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -27,6 +29,7 @@ from waits import STARTED_FILE_ENV
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOY_REPOSITORY = Path(__file__).parent / "fixtures" / "toy_repository"
 _LOG_TAIL_LINES = 150
+T = TypeVar("T")
 
 
 class ServerFactory:
@@ -163,27 +166,58 @@ def toy_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+SHARED_ENV = "FORGE_TEST_SHARED"  # a folder the runs of one `scripts/test.sh` share
+
+
+def _shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where session builds are kept for every pytest process of one run: ``FORGE_TEST_SHARED``
+    (scripts/test.sh sets it for all its tiers), else the folder pytest-xdist's workers share,
+    else this session's own temporary folder."""
+    if os.environ.get(SHARED_ENV):
+        return Path(os.environ[SHARED_ENV])
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]) -> T:
+    """``build(folder)`` run once per run however many pytest processes ask (a file lock; the
+    others wait), its result pickled beside it for them."""
+    from filelock import FileLock
+
+    root = _shared_folder(tmp_path_factory)
+    folder, done = root / name, root / f"{name}.pickle"
+    with FileLock(str(root / f"{name}.lock")):
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
+        folder.mkdir(parents=True)
+        value = build(folder)
+        done.write_bytes(pickle.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
 def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's spec (repository.yaml) built for the CPU target, once per session."""
-    from tools.build_repo.pipeline import build_repository  # heavy (torch): only when needed
+    """The project's spec (repository.yaml) built for the CPU target, once per run."""
+    def build(folder: Path) -> Path:
+        from tools.build_repo.pipeline import build_repository  # heavy (torch): only when needed
 
-    output = tmp_path_factory.mktemp("built") / "model_repository"
-    build_repository(
-        spec_path=REPO_ROOT / "repository.yaml", output=output, target="cpu", progress=False
-    )
-    return output
+        build_repository(spec_path=REPO_ROOT / "repository.yaml", output=folder / "model_repository",
+                         target="cpu", progress=False)
+        return folder / "model_repository"
+
+    return _built_once(tmp_path_factory, "built", build)
 
 
 @pytest.fixture(scope="session")
 def added_models(tmp_path_factory: pytest.TempPathFactory):
-    """One spec with a model of every ``tools add`` recipe, built once and served by one
-    tritonserver for the session (tests/add_helpers.py ``added_models`` lists them)."""
-    from tests.add_helpers import added_models as build  # heavy (torch): only when needed
+    """One spec with a model of every ``tools add`` recipe, built once per run and served by one
+    tritonserver per pytest process (tests/add_helpers.py ``added_models`` lists them)."""
+    from tests.add_helpers import added_models as build, importable  # heavy (torch): only when needed
 
-    root = tmp_path_factory.mktemp("added")
-    added = build(root)
-    factory = ServerFactory(root)
+    added = _built_once(tmp_path_factory, "added", build)
+    importable(added.root)
+    factory = ServerFactory(tmp_path_factory.mktemp("added-server"))
     try:
         try:
             added.server = factory(added.repository, timeout_s=600)
@@ -274,12 +308,47 @@ def _gpu_missing() -> list[str]:
     return missing
 
 
+class _WorkerOrder:
+    """Registered in pytest-xdist's workers: orders what ``-m`` left (``_worker_order``)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        _worker_order(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(_WorkerOrder(), "forge-worker-order")
+
+
+def _worker_order(items: list[pytest.Item]) -> None:
+    """Order modules for ``pytest -n 2 --dist loadfile --no-loadscope-reorder`` (scripts/test.sh):
+    a module that builds the ``tools add`` models and one that builds the project's spec first,
+    so the two workers build them side by side (later users wait on that build's lock); then the
+    other users of those builds, the added models' first (they are ready sooner); then the rest,
+    modules with more tests first. The same order in every worker, as pytest-xdist requires."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def users(fixture: str) -> list[str]:
+        return sorted((m for m, its in modules.items()
+                       if any(fixture in getattr(i, "fixturenames", ()) for i in its)),
+                      key=lambda m: -len(modules[m]))
+
+    added, spec = users("added_models"), users("built_repository")
+    order = [*added[:1], *spec[:1], *added[1:], *spec[1:],
+             *sorted(modules, key=lambda m: -len(modules[m]))]
+    items[:] = [item for m in dict.fromkeys(order) for item in modules[m]]
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test's tier; skip tests marked ``gpu`` on machines without a GPU and TensorRT."""
     for item in items:
         markers = {m.name for m in item.iter_markers()}
-        item.add_marker(tier_of(markers, getattr(item, "fixturenames", ())))
+        fixtures = getattr(item, "fixturenames", ())
+        item.add_marker(tier_of(markers, fixtures))
     missing = _gpu_missing()
     if not missing:
         return

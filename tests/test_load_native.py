@@ -128,7 +128,7 @@ def test_many_connections_send_in_parallel():
         run = native.open_loop(url, _requests(url, 4), rate=50, duration_s=0.2, connections=16,
                                timeout_s=5)
     assert len(run.records) == 10 and all(r.ok for r in run.records)
-    assert max(r.latency_ms for r in run.records) < 600  # 10 x 0.2 s would be 2 s on one
+    assert max(r.latency_ms for r in run.records) < 1200  # 10 x 0.2 s would be 2 s on one
 
 
 def test_nothing_listening_fails_every_request_with_a_reason():

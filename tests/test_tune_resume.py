@@ -58,13 +58,24 @@ def _context(plan: LoadPlan, spec_text: str = SPEC, exports=None, data: str = "d
                           exports or {"enc": "e1", "tok": "t1"}, 2)
 
 
-def _run(tmp_path: Path, context, trials=()):
+def _run(tmp_path: Path, context, trials=(), max_trials=None):
     runner = Trials()
     path = tmp_path / "results.json"
     session = Session(PLAN, context, list(trials), runner, 1e6,
-                      lambda all_trials: save(path, {}, all_trials, None))
-    run_search(KnobSpace(2, {"enc": 8, "tok": 8}, dict(START)), session, 0.03)
+                      lambda all_trials: save(path, {}, all_trials, None), max_trials=max_trials)
+    outcome = run_search(KnobSpace(2, {"enc": 8, "tok": 8}, dict(START)), session, 0.03)
+    session.outcome = outcome
     return session, runner
+
+
+def test_max_trials_stops_the_search_after_that_many_new_trials_and_a_rerun_goes_on(tmp_path):
+    unlimited, _ = _run(tmp_path, _context(PLAN))
+    assert len(unlimited.trials) > 2
+    first, runner = _run(tmp_path, _context(PLAN), max_trials=2)
+    assert runner.calls == [1, 2] and first.out_of_trials()
+    assert not first.outcome.search.complete and first.outcome.best is not None
+    second, runner = _run(tmp_path, _context(PLAN), first.trials, max_trials=2)
+    assert second.reused >= 1 and runner.calls == [3, 4]  # resumed trials do not count
 
 
 def test_a_rerun_with_the_same_context_reuses_every_trial(tmp_path):

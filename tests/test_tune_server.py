@@ -1,8 +1,9 @@
 """``tools tune`` end to end on the embedded server: a short budget, one concurrency level.
 
-The one real trial of the integration tier: the session's build of the project's spec is the
-baseline the trial repackages; under a minute. The search, the confirmation and the results on
-recorded trials: tests/test_tune_recorded.py; budgets of minutes: tests/test_tune_added.py.
+The one real trial of the integration tier (``--max-trials 1``): the session's build of the
+project's spec is the baseline the trial repackages; under a minute. The search, the
+confirmation and the results on recorded trials: tests/test_tune_recorded.py; budgets of minutes:
+tests/test_tune_added.py.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ def test_a_trial_repackages_serves_and_measures_the_pipeline_end_to_end(built_re
     result = CliRunner().invoke(cli, [
         "tune", "--scenario", "text_embedding", "--protocol", "http", "--spec", str(SPEC),
         "--repository", str(baseline), "--output", str(tmp_path / "out"), "--budget-minutes", "0.5",
-        "--concurrency", "2", "--warmup", "1", "--duration", "3",
+        "--max-trials", "1", "--concurrency", "2", "--warmup", "1", "--duration", "3",
         "--start", "minilm_encoder.max_queue_delay_microseconds=1000",
     ])
     assert result.exit_code == 0, result.output
     folder = tmp_path / "out" / "text_embedding"
     data = json.loads((folder / "results.json").read_text())
-    first = data["trials"][0]
+    (first,) = data["trials"]
+    assert "the trial limit ran out before the search converged" in result.output
     assert first["settings"]["minilm_encoder"]["max_queue_delay_microseconds"] == 1000
     assert first["build"]["minilm_encoder"] == "repackaged"
     point = first["points"][0]

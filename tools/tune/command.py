@@ -46,6 +46,9 @@ def _ascending(value: str | None, option: str, kind: type) -> tuple:
 @click.option("--budget-minutes", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Wall time new trials may take (resumed trials cost nothing; the winner's "
               "confirmation comes after).")
+@click.option("--max-trials", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Stop the search after N new trials, within the budget (default: as many as "
+              "the budget holds).")
 @url_option("a running server to tune (models reloaded through its admin API; needs "
             "$TRITON_ADMIN_KEY). Default: the embedded server.")
 @grpc_url_option("that server (default: its host, port 8001).")
@@ -90,8 +93,8 @@ def _ascending(value: str | None, option: str, kind: type) -> tuple:
 @click.option("--fresh", is_flag=True, help="Ignore the results file's trials (no resume).")
 @click.option("--write", is_flag=True, help="Apply a confirmed winner's patch to the spec "
               "(comments kept).")
-def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
-         grpc_url: str | None, admin_header: str, spec_path: Path, repository: Path,
+def tune(scenario: str, protocol: str, budget_minutes: float, max_trials: int | None,
+         url: str | None, grpc_url: str | None, admin_header: str, spec_path: Path, repository: Path,
          output: Path, data: Path | None, overrides: tuple[str, ...], concurrency: str,
          rates: str | None, refine: int, warmup: float, duration: float, slo_file: Path | None,
          slo_profile: str, p99_ms: float | None, max_error_ratio: float | None, min_gain: float,
@@ -110,7 +113,8 @@ def tune(scenario: str, protocol: str, budget_minutes: float, url: str | None,
     and exports resumes from it.
     """
     options = TuneOptions(
-        scenario=scenario, protocol=protocol, budget_minutes=budget_minutes, url=url,
+        scenario=scenario, protocol=protocol, budget_minutes=budget_minutes,
+        max_trials=max_trials, url=url,
         grpc_url=grpc_url, admin_header=admin_header, spec_path=spec_path,
         repository=repository, output=output, overrides=overrides,
         concurrency=_ascending(concurrency, "--concurrency", int),

@@ -50,6 +50,7 @@ class TuneOptions:
     scenario: str
     protocol: str = "grpc"
     budget_minutes: float = 10.0
+    max_trials: int | None = None
     url: str | None = None
     grpc_url: str | None = None
     admin_header: str = COMPOSE_ADMIN_HEADER
@@ -171,9 +172,10 @@ def tune(options: TuneOptions, echo: Callable[[str], None]) -> TuneReport:
                    "grid_size": space.grid_size(),
                    "coordinates": [str(c) for c in space.coordinates()]},
     }
+    trial_limit = f" or {options.max_trials} new trial(s)" if options.max_trials else ""
     echo(f"tuning {options.scenario} over {options.protocol}: target P99 <= {plan.p99_ms:g} ms, "
          f"error ratio <= {plan.max_error_ratio:g} ({slo.source}); {plan.describe()}; budget "
-         f"{options.budget_minutes:g} min; {len(space.coordinates())} knobs (full grid "
+         f"{options.budget_minutes:g} min{trial_limit}; {len(space.coordinates())} knobs (full grid "
          f"{space.grid_size()} settings); {len(trials)} trial(s) in {results_path}")
     echo(f"ladder bounded by {cores.describe()}")
     for line in scenario.describe():
@@ -193,7 +195,8 @@ def tune(options: TuneOptions, echo: Callable[[str], None]) -> TuneReport:
     runner = TrialRunnerImpl(spec.path, spec_text, spec_settings, repository, folder / ".work",
                              names, options.scenario, encoder, spec.target, server, plan,
                              scenario.requests, echo, trial_cores)
-    session = Session(plan, context, trials, runner, budget_s, saver, shown)
+    session = Session(plan, context, trials, runner, budget_s, saver, shown,
+                      max_trials=options.max_trials)
     confirmation: Confirmation | None = None
     try:
         outcome = run_search(space, session, options.min_gain)
@@ -215,7 +218,8 @@ def tune(options: TuneOptions, echo: Callable[[str], None]) -> TuneReport:
     save_plot(outcome.trials, best, plan.p99_ms, title, folder / PLOT_NAME)
     report = TuneReport(format_table(outcome.trials, names, best, plan.p99_ms))
     if not outcome.search.complete:
-        report.lines.append("the budget ran out before the search converged; rerun to resume")
+        limit = "the trial limit" if session.out_of_trials() else "the budget"
+        report.lines.append(f"{limit} ran out before the search converged; rerun to resume")
     if best is None:
         report.error = no_trial_met(outcome.trials, plan)
         return report

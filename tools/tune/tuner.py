@@ -87,6 +87,7 @@ class Session:
         trials: Trials already in the results file (any context; only matching ones are reused).
         run_trial: Runs one new trial.
         budget_s: Seconds new trials may take in all.
+        max_trials: New trials at most (``None``: as many as the budget holds).
         save_results: Called with every trial after each new one (writes the file).
         on_trial: Called with each new trial (prints its row).
         clock: Monotonic seconds (tests pass a fake).
@@ -96,10 +97,11 @@ class Session:
                  run_trial: TrialRunner, budget_s: float,
                  save_results: Callable[[Sequence[Trial]], None],
                  on_trial: Callable[[Trial, bool], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_trials: int | None = None) -> None:
         self.plan, self.context = plan, dict(context)
         self.trials = list(trials)
-        self.run_trial, self.budget_s = run_trial, budget_s
+        self.run_trial, self.budget_s, self.max_trials = run_trial, budget_s, max_trials
         self.save_results, self.on_trial, self.clock = save_results, on_trial, clock
         self.started = clock()
         self.new_seconds: list[float] = []
@@ -115,6 +117,10 @@ class Session:
             return sum(self.new_seconds) / len(self.new_seconds)
         return first_trial_estimate(self.plan)
 
+    def out_of_trials(self) -> bool:
+        """Whether ``max_trials`` new trials have run."""
+        return self.max_trials is not None and len(self.new_seconds) >= self.max_trials
+
     def left_s(self) -> float:
         """Budget seconds not yet spent."""
         return self.budget_s - (self.clock() - self.started)
@@ -123,7 +129,8 @@ class Session:
         """The score of ``settings``: from the results file, else a new trial.
 
         Raises:
-            BudgetExhausted: the next trial would not fit in the budget left.
+            BudgetExhausted: the next trial would not fit in the budget left, or ``max_trials``
+                new trials have run.
         """
         cached = self._cached(settings)
         if cached is not None:
@@ -131,7 +138,7 @@ class Session:
             if self.on_trial is not None:
                 self.on_trial(cached, True)
             return cached.score()
-        if self.estimate_s() > self.left_s():
+        if self.estimate_s() > self.left_s() or self.out_of_trials():
             raise BudgetExhausted()
         trial_id = max((t.id for t in self.trials), default=0) + 1
         started = self.clock()
