@@ -6,6 +6,7 @@ whose Triton is not there yet.
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +28,7 @@ from tools.errors import (
     ApiModelNotFound,
     ApiOverloaded,
     ApiUnavailable,
+    ServerError,
     UserInputError,
 )
 from tools.load.request import Request
@@ -196,6 +198,47 @@ def gateway_without_triton(tmp_path: Path):
         yield f"http://{server.url}"
     finally:
         server.stop()
+
+
+def _gateway_answers(server: ApiServer) -> bool:
+    """Its /health answers (503 without Triton): the gateway itself, not a socket that only
+    accepts."""
+    try:
+        urllib.request.urlopen(server.health_url, timeout=0.5).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def test_a_free_port_another_process_took_first_is_chosen_again(tmp_path: Path):
+    (tmp_path / "repo").mkdir()
+    server = ApiServer(f"127.0.0.1:{free_ports(1)[0]}", tmp_path / "repo",
+                       log_path=tmp_path / "api.log")
+    taken = server.port
+    with socket.socket() as holder:  # another process binds the chosen port first
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        server.start(timeout_s=60, until=lambda: _gateway_answers(server))
+        try:
+            assert server.port != taken
+            assert _call(server.health_url)[0] == 503
+        finally:
+            server.stop()
+
+
+def test_a_port_given_and_taken_is_refused_not_moved(tmp_path: Path):
+    (tmp_path / "repo").mkdir()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        server = ApiServer(f"127.0.0.1:{free_ports(1)[0]}", tmp_path / "repo", port=taken,
+                           log_path=tmp_path / "api.log")
+        with pytest.raises(ServerError, match="address already in use"):
+            server.start(timeout_s=60, until=lambda: _gateway_answers(server))
+    assert server.port == taken
 
 
 def test_a_gateway_waiting_for_triton_answers_503_in_each_apis_shape(gateway_without_triton):

@@ -353,6 +353,37 @@ def test_the_front_stops_with_its_server_and_frees_its_ports(server_factory, toy
             probe.bind(("127.0.0.1", port))
 
 
+def test_a_free_port_taken_while_tritonserver_loads_is_chosen_again(
+    server_factory, toy_repository, monkeypatch
+):
+    # The front's and the gateway's free ports are chosen before tritonserver loads the models;
+    # another process can bind one meanwhile (two test workers did). Here the test takes the
+    # gateway's port just before the gateway starts.
+    from tools.serve import server as server_module
+
+    held: list[socket.socket] = []
+
+    class TakenOnce(server_module.ApiServer):
+        def start(self, *args, **kwargs):
+            if not held:
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", self.port))
+                sock.listen()
+                held.append(sock)
+            return super().start(*args, **kwargs)
+
+    monkeypatch.setattr(server_module, "ApiServer", TakenOnce)
+    try:
+        server = server_factory(toy_repository, front=Limits(), gateway=True)
+        assert held, "the gateway was started"
+        assert server.gateway.port != held[0].getsockname()[1]
+        assert server.gateway.ready()
+        assert np.array_equal(_infer_ok(server.http_url), [2, 4, 6, 8])
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_a_detached_servers_front_ends_with_tritonserver(tmp_path, toy_repository):
     from tools import process
 

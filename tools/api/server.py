@@ -15,7 +15,7 @@ from typing import Any
 from tools import process
 from tools.api.state import Limits
 from tools.errors import ServerError
-from tools.net import LOOPBACK, free_ports
+from tools.net import LOOPBACK, free_ports, port_in_use
 
 HEALTH_PATH = "/health"
 STOP_GRACE_S = 5.0  # uvicorn's graceful shutdown: requests in flight finish first
@@ -72,6 +72,7 @@ class ApiServer:
         self.watch_pid = watch_pid
         self.repository = Path(repository)
         self.host = host
+        self._auto_port = not port
         self.port = port or free_ports(1)[0]
         self.log_path = log_path
         self.limits = limits
@@ -111,12 +112,26 @@ class ApiServer:
               until: Callable[[], bool] | None = None) -> ApiServer:
         """Start it and wait until it is ready (``until``, default ``ready``: /health 200).
 
+        A free port it chose that another process bound before the gateway did is chosen
+        again (three attempts).
+
         Raises:
             ServerError: it exited or was not ready within ``timeout_s`` (the end of its log
                 in the message); it is stopped first.
         """
         if self._proc is not None:
             raise ServerError(f"the gateway on {self.url} is already started")
+        attempts = 0
+        while True:
+            try:
+                return self._start_once(timeout_s, until)
+            except ServerError:
+                attempts += 1
+                if not (self._auto_port and attempts < 3 and port_in_use(self.port)):
+                    raise
+                self.port = free_ports(1)[0]
+
+    def _start_once(self, timeout_s: float, until: Callable[[], bool] | None) -> ApiServer:
         try:
             self._proc = process.start(self.command(), env=self.env, log_path=self.log_path)
         except OSError as exc:

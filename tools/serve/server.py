@@ -26,7 +26,7 @@ from tools.errors import ServerError, UserInputError
 from tools.api.server import ApiServer
 from tools.front.plan import FrontPlan, Limits
 from tools.front.process import INSTALL_HINT, FrontProcess, find_haproxy
-from tools.net import LOOPBACK, choose_ports
+from tools.net import LOOPBACK, choose_ports, port_in_use
 from tools.serve import health
 from tools.serve.backend_dir import (
     backend_directory,
@@ -59,6 +59,7 @@ _READY_TIMEOUT_S = 2.0
 # tritonserver's own ports when the front holds the public ones
 _TRITON_HTTP, _TRITON_GRPC = "Triton HTTP", "Triton GRPC"
 _GATEWAY = "Gateway"  # the OpenAI/TEI gateway's own port, behind the front
+_FRONT_PORTS = ("HTTP", "GRPC", _GATEWAY)  # bound by the front and the gateway
 
 
 def resolve_binary(binary: Path | str | None = None) -> Path:
@@ -349,25 +350,45 @@ class EmbeddedServer:
 
     def _start_front(self) -> None:
         """Start the front on the public ports, in a session of its own (it outlives a
-        ``detach``, and ends by itself once tritonserver is gone)."""
+        ``detach``, and ends by itself once tritonserver is gone).
+
+        Its free ports were chosen before tritonserver loaded the models: when one of them was
+        taken by another process in the meantime, they are chosen again (three attempts)."""
         if self.front_limits is None:
             return
+        for attempt in range(3):
+            try:
+                return self._start_front_once()
+            except ServerError:
+                self._stop_front()
+                taken = {kind: 0 for kind in _FRONT_PORTS
+                         if kind in self._ports and not self._requested_ports[kind]
+                         and port_in_use(self._ports[kind])}
+                if not taken or attempt == 2:
+                    self.stop()
+                    raise
+                self._ports.update(choose_ports(taken))
+
+    def _stop_front(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+        if self.front is not None:
+            self.front.stop()
+            self.front = None
+
+    def _start_front_once(self) -> None:
         self.front = FrontProcess(
             FrontPlan.from_repository(self.model_repository, self.front_limits),
             find_haproxy(), http_port=self._port("HTTP"), grpc_port=self._port("GRPC"),
             triton_http_port=self._port(_TRITON_HTTP), triton_grpc_port=self._port(_TRITON_GRPC),
             watch_pid=self._proc.pid, gateway_port=self._port(_GATEWAY))
-        try:
-            self.front.start(self.front_log_path)
-            if self.want_gateway:
-                self.gateway = ApiServer(self.http_url, self.model_repository,
-                                         port=self._port(_GATEWAY),
-                                         log_path=self.gateway_log_path,
-                                         watch_pid=self._proc.pid)
-                self.gateway.start()
-        except ServerError:
-            self.stop()
-            raise
+        self.front.start(self.front_log_path)
+        if self.want_gateway:
+            self.gateway = ApiServer(self.http_url, self.model_repository,
+                                     port=self._port(_GATEWAY), log_path=self.gateway_log_path,
+                                     watch_pid=self._proc.pid)
+            self.gateway.start()
 
     def _ready(self) -> bool:
         try:
@@ -469,12 +490,7 @@ class EmbeddedServer:
             # the gateway first (what it holds still passes the front), then the front: it
             # stops listening, lets every request it holds be answered and closes its idle
             # connections, so tritonserver then has nothing left to drain
-            if self.gateway is not None:
-                self.gateway.stop()
-                self.gateway = None
-            if self.front is not None:
-                self.front.stop()
-                self.front = None
+            self._stop_front()
             survivors = process.stop(self._proc, self.exit_timeout_s + STOP_GRACE_S)
         finally:
             self._forget_finalizer()
