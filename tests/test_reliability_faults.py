@@ -298,8 +298,8 @@ def test_hostile_bodies_and_shapes_get_client_errors_while_others_are_served(
     baseline = _server_rss(server)
     try:
         peaks, statuses = [], []
-        for request in (huge, big):
-            for _round in range(3):
+        for request, rounds in ((huge, 3), (big, 6)):
+            for _round in range(rounds):
                 results: list[tuple[int, str]] = []
                 senders = [threading.Thread(target=lambda: results.append(
                     _post(server.http_url, request))) for _ in range(4)]
@@ -317,17 +317,18 @@ def test_hostile_bodies_and_shapes_get_client_errors_while_others_are_served(
         records = load.join(timeout_s=0)
 
     assert [s for is_huge, s, _ in statuses if is_huge] == [413] * 12
-    assert [s for is_huge, s, _ in statuses if not is_huge] == [400] * 12, statuses[-1][2][:300]
+    assert [s for is_huge, s, _ in statuses if not is_huge] == [400] * 24, statuses[-1][2][:300]
     assert all("expected" in m for is_huge, _, m in statuses if not is_huge)
     # Triton answers a negative dim with 500 "Unable to parse 'shape'", a wrong size with 400;
     # the front the shapes no body can hold
     assert [s for s, _ in shape_replies] == [500, 500, 400, 400, 400, 400], shape_replies
     assert all("more than the request body" in m for _, m in shape_replies[3:])
     assert all('"error"' in m for _, m in shape_replies) and server.poll() is None
-    # bounded: four bodies in flight cost at most ~4x their size, and nothing accumulates (twelve
-    # 12 MiB bodies were read: what stays is what four at a time left in the allocator's pools)
+    # bounded: four bodies in flight cost at most ~4x their size; and nothing accumulates: 24
+    # bodies of 12 MiB were read, four at a time, and what stays is what the allocator's pools
+    # keep of a round of four (how much varies from run to run), under half of the 24 bodies
     assert max(peaks) - baseline < 4 * 4 * (12 << 20), (baseline, peaks)
-    assert after - baseline < 6 * (12 << 20), (baseline, after)
+    assert after - baseline < 12 * (12 << 20), (baseline, after)
     assert len(records) > 50 and [r.error for r in records if not r.ok] == []
 
 
