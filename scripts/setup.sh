@@ -14,8 +14,8 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
   extra=(--extra-index-url "$TORCH_INDEX_URL")
 fi
 # Editable: the CLI finds backends/python/, loadtests/ and repository.yaml in this checkout.
-# --no-compile: Python compiles a module when it is first imported instead of pip compiling all
-# 18,000 files of the environment (a fresh install: 51 s instead of 106 s, first imports 5 s more).
+# --no-compile: Python compiles a module when it is first imported, instead of pip compiling
+# every module of the environment (about half the install time: docs/performance.md).
 .venv/bin/python -m pip install --quiet --no-compile "${extra[@]}" -c scripts/constraints-cpu.txt \
   -e ".[test,load]"
 # HAProxy, the front tools serve puts before tritonserver (docs/serving.md): Debian's package
