@@ -14,10 +14,7 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
   extra=(--extra-index-url "$TORCH_INDEX_URL")
 fi
 # Editable: the CLI finds backends/python/, loadtests/ and repository.yaml in this checkout.
-# --no-compile: Python compiles a module when it is first imported, instead of pip compiling
-# every module of the environment (about half the install time: docs/performance.md).
-.venv/bin/python -m pip install --quiet --no-compile "${extra[@]}" -c scripts/constraints-cpu.txt \
-  -e ".[test,load]"
+.venv/bin/python -m pip install --quiet "${extra[@]}" -c scripts/constraints-cpu.txt -e ".[test,load]"
 # HAProxy, the front tools serve puts before tritonserver (docs/serving.md): Debian's package
 # where this runs as root with apt-get (CI, containers); elsewhere tools serve says it is missing
 # and serves without it.
