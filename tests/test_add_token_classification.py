@@ -32,6 +32,7 @@ from tests.add_helpers import (
     text_batch,
 )
 from tests.conftest import ServerFactory
+from tests.waits import counts_once_recorded, model_counts
 from tools import paths
 from tools.add import recipes
 from tools.add.command import add_model
@@ -185,31 +186,19 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_texts_entities(ne
     texts = list(PARITY_TEXTS)
     requests = [texts[i:i + 1 + i % 3] for i in range(len(texts))] * 2
     reference = dict(zip(texts, _reference(str(ner["folder"]), "simple", PARITY_TEXTS)))
-    before = _statistics(ner["server"], "ner_postprocess")
+    before = model_counts(ner["server"].http_url, "ner_postprocess")
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(lambda t: _served(ner["server"], "grpc", "simple", t), requests))
 
     for batch, answer in zip(requests, answers):
         assert _without_scores(answer) == _without_scores([reference[t] for t in batch])
-    after = _statistics(ner["server"], "ner_postprocess")
-    inferences = after["inference_count"] - before["inference_count"]
-    executions = after["execution_count"] - before["execution_count"]
+    texts_sent = sum(map(len, requests))
+    after = counts_once_recorded(ner["server"].http_url, "ner_postprocess", before, texts_sent)
+    inferences, executions = after[0] - before[0], after[1] - before[1]
     print(f"ner_postprocess: {inferences} texts in {executions} executions")
-    assert inferences == sum(map(len, requests))
+    assert inferences == texts_sent
     assert executions < len(requests)  # requests of different lengths shared executions
-
-
-def _statistics(server, model: str) -> dict[str, int]:
-    import tritonclient.http as http
-
-    client = http.InferenceServerClient(server.http_url)
-    try:
-        (stats,) = client.get_inference_statistics(model)["model_stats"]
-    finally:
-        client.close()
-    return {"inference_count": int(stats["inference_count"]),
-            "execution_count": int(stats["execution_count"])}
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -17,6 +17,7 @@ import pytest
 from tools.build_repo.config import parse_config, render
 from tools.build_repo.ensemble import render_all
 from tools.build_repo.spec import load_spec
+from waits import counts_once_recorded, model_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 # Lengths 5..120 tokens: without buckets almost every request has its own shape.
@@ -87,9 +88,7 @@ def _gpu_like_repository(built: Path, out: Path, buckets: tuple[int, ...] | None
 def _executions_for_concurrent_requests(server) -> tuple[int, int]:
     import tritonclient.http as http
 
-    from tools.load import triton_stats
-
-    before = triton_stats.fetch_statistics(server.http_url)["minilm_encoder"]
+    before = model_counts(server.http_url, "minilm_encoder")
     barrier = threading.Barrier(len(ONE_BUCKET))
     errors = []
 
@@ -110,9 +109,10 @@ def _executions_for_concurrent_requests(server) -> tuple[int, int]:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a request took over 60 s"
     assert not errors, errors
-    after = triton_stats.fetch_statistics(server.http_url)["minilm_encoder"]
-    return after.inference_count - before.inference_count, after.execution_count - before.execution_count
+    after = counts_once_recorded(server.http_url, "minilm_encoder", before, len(ONE_BUCKET))
+    return after[0] - before[0], after[1] - before[1]
 
 
 @pytest.mark.torch

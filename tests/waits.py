@@ -9,6 +9,7 @@ other end of a loopback connection has read what was sent on it (:func:`read_by_
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import urllib.request
@@ -67,6 +68,28 @@ def prometheus_value(metrics_url: str, name: str, model: str) -> float:
     label = f'model="{model}"'
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines
                if line.startswith(name + "{") and label in line)
+
+
+def model_counts(http_url: str, model: str) -> tuple[int, int]:
+    """``(inference_count, execution_count)`` of ``model`` from tritonserver's statistics."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as response:
+        (entry,) = json.loads(response.read())["model_stats"]
+    return int(entry["inference_count"]), int(entry["execution_count"])
+
+
+def counts_once_recorded(http_url: str, model: str, before: tuple[int, int], inferences: int,
+                         timeout_s: float = 15.0) -> tuple[int, int]:
+    """``model``'s counts once ``inferences`` more are recorded than in ``before``.
+
+    Triton records a model's statistics when its ``execute`` call has returned, which can be a
+    moment after an ensemble's response (sent from inside that call) reached the client.
+    """
+    def recorded() -> tuple[int, int] | None:
+        counts = model_counts(http_url, model)
+        return counts if counts[0] - before[0] >= inferences else None
+
+    return wait_until(recorded, timeout_s, lambda: (
+        f"{inferences} inferences of {model} recorded (from {before}: {model_counts(http_url, model)})"))
 
 
 def started_requests(started_file: Path) -> int:
