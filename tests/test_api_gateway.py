@@ -24,6 +24,7 @@ import pytest
 
 from tests.add_helpers import minilm_classifier_folder
 from tests.conftest import ServerFactory
+from tests.waits import wait_until
 from tests.whole_path_models import minilm_path
 from tools import paths
 from tools.add.command import add_model
@@ -274,7 +275,13 @@ def _triton_requests(served, model: str) -> tuple[int, int]:
 def test_a_list_is_one_triton_request_of_its_size_or_full_batches(served, count, requests):
     before = _triton_requests(served, "embedder")
     status, _ = _post(served, "/v1/embeddings", {"model": "embedder", "input": TEXTS[:count]})
-    after = _triton_requests(served, "embedder")
+    # Triton records an ensemble's statistics once its last step's request is released, which
+    # can be a moment after the answer left.
+    def recorded():
+        now = _triton_requests(served, "embedder")
+        return now if now[1] - before[1] >= count else None
+
+    after = wait_until(recorded, 15, f"{count} inferences of embedder recorded")
     assert status == 200
     assert (after[0] - before[0], after[1] - before[1]) == (requests, count)
 
