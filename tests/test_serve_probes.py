@@ -40,11 +40,14 @@ class FakeServer:
                 status, body, delay = server.routes.get(self.path, (404, {"error": "no route"}, 0))
                 time.sleep(delay)
                 data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a probe that timed out during the delay has closed its connection
 
             do_GET = do_POST = _answer
 
