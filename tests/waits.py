@@ -3,8 +3,9 @@
 A test that needs the system in some state (requests inside a model, a child running, a file
 written) polls for that state with :func:`wait_until`, which fails naming what it waited for;
 it never sleeps a guessed time and hopes. The states read here: the requests of the toy model
-that a tritonserver has taken or holds (:func:`arrived`, :func:`in_flight`), and whether the
-other end of a loopback connection has read what was sent on it (:func:`read_by_peer`).
+that a tritonserver has taken or holds (:func:`arrived`, :func:`in_flight`), a model's recorded
+inferences (:func:`counts_once_recorded`), and whether the other end of a loopback connection
+has read what was sent on it (:func:`read_by_peer`).
 """
 
 from __future__ import annotations
