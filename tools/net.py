@@ -1,4 +1,5 @@
-"""Loopback ports: is one taken, which are free, does one accept connections yet.
+"""Loopback ports: is one taken, which are free, does one accept connections yet, and starting
+again on others when a port chosen free was taken before it was bound.
 
 Every server this project starts (tritonserver, its front, Locust, the servers compared) binds
 127.0.0.1 on ports chosen here.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from tools.errors import ServerError, UserInputError
 
 LOOPBACK = "127.0.0.1"
+T = TypeVar("T")
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]+)$")
 
 
@@ -94,3 +97,31 @@ def choose_ports(requested: Mapping[str, int]) -> dict[str, int]:
     auto = [k for k, p in requested.items() if not p]
     chosen = dict(zip(auto, free_ports(len(auto))))
     return {k: p or chosen[k] for k, p in requested.items()}
+
+
+def start_choosing_again(start: Callable[[], T], chosen: Callable[[], Mapping[str, int]],
+                         choose_again: Callable[[dict[str, int]], None], attempts: int = 3) -> T:
+    """``start()``, again while it fails because another process took a port chosen for it.
+
+    A free port is chosen some time before the process that binds it starts (the front's and
+    the gateway's wait for tritonserver to load the models); any other process may take it in
+    between. A port the user gave is never moved: ``chosen`` lists only the ones picked here.
+
+    Args:
+        start: Starts the server; raises ``ServerError`` when it could not.
+        chosen: Kind -> port of the ports picked free for it, read after each failure.
+        choose_again: Given ``{kind: 0}`` for those now held by another process, picks others.
+        attempts: How many starts at most.
+
+    Raises:
+        ServerError: ``start``'s own error, when no chosen port was taken or the attempts ran out.
+    """
+    for _ in range(attempts - 1):
+        try:
+            return start()
+        except ServerError:
+            taken = {kind: 0 for kind, port in chosen().items() if port_in_use(port)}
+            if not taken:
+                raise
+            choose_again(taken)
+    return start()

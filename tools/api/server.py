@@ -15,7 +15,7 @@ from typing import Any
 from tools import process
 from tools.api.state import Limits
 from tools.errors import ServerError
-from tools.net import LOOPBACK, free_ports, port_in_use
+from tools.net import LOOPBACK, free_ports, start_choosing_again
 
 HEALTH_PATH = "/health"
 STOP_GRACE_S = 5.0  # uvicorn's graceful shutdown: requests in flight finish first
@@ -121,15 +121,13 @@ class ApiServer:
         """
         if self._proc is not None:
             raise ServerError(f"the gateway on {self.url} is already started")
-        attempts = 0
-        while True:
-            try:
-                return self._start_once(timeout_s, until)
-            except ServerError:
-                attempts += 1
-                if not (self._auto_port and attempts < 3 and port_in_use(self.port)):
-                    raise
-                self.port = free_ports(1)[0]
+        return start_choosing_again(
+            lambda: self._start_once(timeout_s, until),
+            lambda: {"gateway": self.port} if self._auto_port else {},
+            self._choose_port_again)
+
+    def _choose_port_again(self, _taken: dict[str, int]) -> None:
+        self.port = free_ports(1)[0]
 
     def _start_once(self, timeout_s: float, until: Callable[[], bool] | None) -> ApiServer:
         try:

@@ -26,7 +26,7 @@ from tools.errors import ServerError, UserInputError
 from tools.api.server import ApiServer
 from tools.front.plan import FrontPlan, Limits
 from tools.front.process import INSTALL_HINT, FrontProcess, find_haproxy
-from tools.net import LOOPBACK, choose_ports, port_in_use
+from tools.net import LOOPBACK, choose_ports, start_choosing_again
 from tools.serve import health
 from tools.serve.backend_dir import (
     backend_directory,
@@ -356,18 +356,15 @@ class EmbeddedServer:
         taken by another process in the meantime, they are chosen again (three attempts)."""
         if self.front_limits is None:
             return
-        for attempt in range(3):
-            try:
-                return self._start_front_once()
-            except ServerError:
-                self._stop_front()
-                taken = {kind: 0 for kind in _FRONT_PORTS
-                         if kind in self._ports and not self._requested_ports[kind]
-                         and port_in_use(self._ports[kind])}
-                if not taken or attempt == 2:
-                    self.stop()
-                    raise
-                self._ports.update(choose_ports(taken))
+        try:
+            start_choosing_again(
+                self._start_front_once,
+                lambda: {kind: self._ports[kind] for kind in _FRONT_PORTS
+                         if kind in self._ports and not self._requested_ports[kind]},
+                lambda taken: self._ports.update(choose_ports(taken)))
+        except ServerError:
+            self.stop()
+            raise
 
     def _stop_front(self) -> None:
         if self.gateway is not None:
@@ -378,17 +375,24 @@ class EmbeddedServer:
             self.front = None
 
     def _start_front_once(self) -> None:
+        """Start the front and the gateway; on failure stop both (so the ports they hold are
+        not mistaken for ports another process took)."""
         self.front = FrontProcess(
             FrontPlan.from_repository(self.model_repository, self.front_limits),
             find_haproxy(), http_port=self._port("HTTP"), grpc_port=self._port("GRPC"),
             triton_http_port=self._port(_TRITON_HTTP), triton_grpc_port=self._port(_TRITON_GRPC),
             watch_pid=self._proc.pid, gateway_port=self._port(_GATEWAY))
-        self.front.start(self.front_log_path)
-        if self.want_gateway:
-            self.gateway = ApiServer(self.http_url, self.model_repository,
-                                     port=self._port(_GATEWAY), log_path=self.gateway_log_path,
-                                     watch_pid=self._proc.pid)
-            self.gateway.start()
+        try:
+            self.front.start(self.front_log_path)
+            if self.want_gateway:
+                self.gateway = ApiServer(self.http_url, self.model_repository,
+                                         port=self._port(_GATEWAY),
+                                         log_path=self.gateway_log_path,
+                                         watch_pid=self._proc.pid)
+                self.gateway.start()
+        except ServerError:
+            self._stop_front()
+            raise
 
     def _ready(self) -> bool:
         try:
